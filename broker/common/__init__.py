@@ -1,0 +1,1 @@
+"""Small shared definitions used by every layer (no I/O, no dependencies)."""

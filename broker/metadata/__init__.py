@@ -1,0 +1,1 @@
+"""Cluster metadata state machine (vhosts, users, exchanges, bindings, queues, policies), pure."""

@@ -1,0 +1,1 @@
+"""Management HTTP API (aiohttp), Prometheus metrics and health checks."""

@@ -1,0 +1,1 @@
+"""The quorum-queue state machine (rabbit_fifo semantics), pure."""

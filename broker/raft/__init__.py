@@ -1,0 +1,1 @@
+"""Sans-I/O Raft (etcd-raft shape). See docs/ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""Node storage: shared WAL, per-group segments, snapshots. The only package touching files."""
