@@ -1,0 +1,204 @@
+"""Node configuration: a `rabbitmq.conf`-style file plus environment overrides.
+
+Where it sits: the process entry point reads the file and the environment (the
+I/O) and hands both texts to `load_config`, which is pure: it parses, validates
+every key against the table below and returns an immutable `Config`. Invalid
+configuration stops start-up with a `ConfigError` naming the key.
+
+File format (RabbitMQ's new-style `rabbitmq.conf`, the sysctl-like format):
+
+    # comment
+    quorum_queue.initial_cluster_size = 3
+    raft.wal_max_size_bytes = 536870912
+    cluster.seeds.1 = node-0.qq-headless:25672
+
+List settings are written with numbered suffixes (`cluster.seeds.1`,
+`cluster.seeds.2`, ...) as RabbitMQ does for `cluster_formation.classic_config.nodes`,
+or as one comma-separated value.
+
+Environment overrides: `QQ__<KEY>` where the key's dots become double
+underscores, case-insensitive: `QQ__RAFT__SEGMENT_MAX_ENTRIES=1024` sets
+`raft.segment_max_entries`. The environment wins over the file.
+
+Keys are named after RabbitMQ's where RabbitMQ has them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "QQ__"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the offending key (or file line)."""
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
+    def parse(key: str, raw: str) -> int:
+        try:
+            value = int(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {raw!r}") from None
+        if lo is not None and value < lo:
+            raise ConfigError(f"{key}: must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise ConfigError(f"{key}: must be <= {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _bool(key: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("true", "yes", "on", "1"):
+        return True
+    if v in ("false", "no", "off", "0"):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {raw!r}")
+
+
+def _str(key: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(key: str, raw: str) -> str:
+        v = raw.strip()
+        if v not in allowed:
+            raise ConfigError(f"{key}: must be one of {', '.join(allowed)}; got {v!r}")
+        return v
+
+    return parse
+
+
+def _list(key: str, raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    key: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    doc: str
+    is_list: bool = False
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # node identity and listeners
+    Setting("node.name", _str, "rabbit@localhost", "this node's name, stable across restarts"),
+    Setting("node.data_dir", _str, "./data", "directory holding the WAL, segments, snapshots"),
+    Setting("listeners.tcp.default", _int(1, 65535), 5672, "AMQP port"),
+    Setting("listeners.tcp.bind", _str, "0.0.0.0", "AMQP bind address"),
+    Setting("management.tcp.port", _int(0, 65535), 15672, "management HTTP API port (0: off)"),
+    Setting("prometheus.tcp.port", _int(0, 65535), 15692, "Prometheus metrics port (0: off)"),
+    Setting("cluster.port", _int(1, 65535), 25672, "peer transport port"),
+    Setting("cluster.seeds", _list, (), "peers host:port to form or join a cluster", True),
+    Setting("cluster.secret_file", _str, "", "file holding the shared cluster secret"),
+    Setting("cluster.tls.certfile", _str, "", "peer TLS certificate (optional)"),
+    Setting("cluster.tls.keyfile", _str, "", "peer TLS key (optional)"),
+    Setting("cluster.tls.cafile", _str, "", "peer TLS CA bundle (optional)"),
+    # AMQP connection tuning (RabbitMQ names)
+    Setting("heartbeat", _int(0, 65535), 60, "heartbeat timeout proposed to clients, seconds"),
+    Setting("frame_max", _int(4096, 2**31 - 1), 131072, "largest frame proposed to clients"),
+    Setting("channel_max", _int(0, 65535), 2047, "most channels per connection"),
+    # users and vhosts (RabbitMQ names)
+    Setting("default_vhost", _str, "/", "vhost created on a fresh cluster"),
+    Setting("default_user", _str, "guest", "user created on a fresh cluster"),
+    Setting("default_pass", _str, "guest", "its password"),
+    Setting("loopback_users", _list, ("guest",), "users that may only log in over loopback", True),
+    Setting("default_queue_type", _choice("classic", "quorum"), "classic", "default x-queue-type"),
+    # quorum queues
+    Setting("quorum_queue.initial_cluster_size", _int(1), 3, "members of a new quorum queue"),
+    Setting("quorum_queue.commands_soft_limit", _int(1), 32, "in-flight commands per publisher before flow control"),
+    Setting("quorum_queue.property_equivalence.relaxed_checks_on_redeclaration", _bool, False,
+            "ignore x-queue-type mismatches on redeclaration"),
+    Setting("quorum_queue.continuous_membership_reconciliation.enabled", _bool, False, "grow/shrink members automatically"),
+    Setting("quorum_queue.continuous_membership_reconciliation.target_group_size", _int(1), 3, "target members"),
+    Setting("quorum_queue.continuous_membership_reconciliation.auto_remove", _bool, False, "remove members on departed nodes"),
+    Setting("quorum_queue.continuous_membership_reconciliation.interval", _int(1), 3600000, "ms between runs"),
+    Setting("quorum_queue.continuous_membership_reconciliation.trigger_interval", _int(1), 10000, "ms delay after a trigger"),
+    Setting("queue_leader_locator", _choice("client-local", "balanced"), "client-local", "where new leaders go"),
+    # Raft and storage
+    Setting("raft.wal_max_size_bytes", _int(4096), 512 * 1024 * 1024, "WAL roll-over size"),
+    Setting("raft.segment_max_entries", _int(1, 65535), 4096, "entries per segment file (<= 65535)"),
+    Setting("raft.election_timeout_ms", _int(100), 1000, "base election timeout"),
+    Setting("raft.tick_ms", _int(10), 100, "Raft tick length"),
+)
+_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Validated settings. Invariant: holds exactly one value for every key in SETTINGS."""
+
+    values: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _BY_KEY:
+            raise KeyError(f"unknown configuration key {key!r}")
+        return self.values[key]
+
+    def with_overrides(self, **by_key: Any) -> Config:
+        """A copy with some values replaced (keys given with dots as '__')."""
+        merged = dict(self.values)
+        for k, v in by_key.items():
+            key = k.replace("__", ".")
+            if key not in _BY_KEY:
+                raise ConfigError(f"{key}: unknown configuration key")
+            merged[key] = v
+        return Config(merged)
+
+
+def parse_conf(text: str, source: str = "config") -> dict[str, str]:
+    """Parse the sysctl-like format into raw key -> value strings (lists joined by ',')."""
+    raw: dict[str, str] = {}
+    lists: dict[str, list[tuple[int, str]]] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if "=" not in stripped:
+            raise ConfigError(f"{source}:{lineno}: expected 'key = value', got {stripped!r}")
+        key, _, value = stripped.partition("=")
+        key, value = key.strip(), value.strip()
+        head, _, tail = key.rpartition(".")
+        if tail.isdigit() and head in _BY_KEY and _BY_KEY[head].is_list:
+            lists.setdefault(head, []).append((int(tail), value))
+            continue
+        if key not in _BY_KEY:
+            raise ConfigError(f"{source}:{lineno}: {key}: unknown configuration key")
+        if key in raw:
+            raise ConfigError(f"{source}:{lineno}: {key}: set twice")
+        raw[key] = value
+    for key, items in lists.items():
+        if key in raw:
+            raise ConfigError(f"{source}: {key}: given both as a list and as a value")
+        raw[key] = ",".join(v for _, v in sorted(items))
+    return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    """Raw values from `QQ__SECTION__KEY` environment variables."""
+    out: dict[str, str] = {}
+    for name, value in environ.items():
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+        if key not in _BY_KEY:
+            raise ConfigError(f"{name}: unknown configuration key {key!r}")
+        out[key] = value
+    return out
+
+
+def load_config(conf_text: str = "", environ: Mapping[str, str] | None = None,
+                source: str = "config") -> Config:
+    """Validate file text plus environment into a Config; raise ConfigError naming the key."""
+    raw = parse_conf(conf_text, source)
+    raw.update(env_overrides(environ or {}))
+    values = {s.key: s.default for s in SETTINGS}
+    for key, text in raw.items():
+        values[key] = _BY_KEY[key].parse(key, text)
+    return Config(values)
