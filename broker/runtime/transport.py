@@ -1,0 +1,346 @@
+"""Peer transport: authenticated, batched, length-prefixed msgpack frames between nodes.
+
+Where it sits: the node driver hands Raft messages (and forwarded publishes) for
+other nodes to `PeerTransport.send(peer, message)`; messages from peers arrive
+through the `on_message(peer, message)` callback. Above it, Raft tolerates loss,
+duplication and reordering across reconnects; below it is TCP (optionally TLS).
+
+Wire format (all integers big-endian):
+
+    frame   = length:u32  payload[length]
+    payload = msgpack array of messages        (one frame carries a batch)
+
+Connection model: every node keeps ONE outbound connection per peer for sending
+and accepts inbound connections for receiving. Two connections per pair avoid
+the simultaneous-connect race and keep each direction a simple ordered stream.
+
+Handshake (mutual authentication with the shared cluster secret, the Erlang
+cookie analogue; the secret itself never crosses the wire):
+
+    server -> client  {"v": 1, "challenge": Ns}
+    client -> server  {"v": 1, "node": C, "challenge": Nc,
+                       "proof": HMAC(secret, "client|" + Ns + Nc + C)}
+    server -> client  {"v": 1, "node": S, "proof": HMAC(secret, "server|" + Nc + Ns + S)}
+
+Each handshake message is one frame whose payload is a msgpack map. A peer that
+fails the handshake is disconnected and logged; nothing it sent is delivered.
+
+Delivery guarantee: at most once, in order per connection. Messages queued
+for a peer that is unreachable are kept up to `max_queued` (oldest dropped
+first, counted in `stats`) and sent once the connection is back.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import os
+import random
+import ssl
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+log = logging.getLogger("broker.transport")
+
+_LEN = struct.Struct(">I")
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME = 256 * 1024 * 1024
+HANDSHAKE_TIMEOUT_S = 5.0
+
+
+class TransportError(Exception):
+    """A peer connection failed in a way the other side must be told about."""
+
+
+class AuthenticationFailed(TransportError):
+    """The peer does not know the cluster secret (or speaks another protocol)."""
+
+
+def _proof(secret: bytes, role: bytes, a: bytes, b: bytes, node: str) -> bytes:
+    return hmac.new(secret, role + b"|" + a + b + node.encode(), hashlib.sha256).digest()
+
+
+@dataclass(slots=True)
+class TransportStats:
+    frames_sent: int = 0
+    messages_sent: int = 0
+    frames_received: int = 0
+    messages_received: int = 0
+    dropped_queue_full: int = 0
+    auth_failures: int = 0
+    connects: int = 0
+
+
+@dataclass(slots=True)
+class _Outbound:
+    """One peer's send side: a queue, a writer task, and reconnect state."""
+
+    peer: str
+    host: str
+    port: int
+    queue: deque[Any] = field(default_factory=deque)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    connected: bool = False
+
+
+def _encode(payload: Any) -> bytes:
+    body = msgpack.packb(payload, use_bin_type=True)
+    return _LEN.pack(len(body)) + body
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_frame: int) -> Any:
+    header = await reader.readexactly(4)
+    (length,) = _LEN.unpack(header)
+    if length > max_frame:
+        raise TransportError(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
+    body = await reader.readexactly(length)
+    return msgpack.unpackb(body, raw=False, strict_map_key=False)
+
+
+class PeerTransport:
+    """Send and receive batched messages to/from peers with mutual authentication.
+
+    `on_message(peer_name, message)` is called on the event loop for every
+    message received from an authenticated peer, in order.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        secret: bytes,
+        on_message: Callable[[str, Any], None],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        server_ssl: ssl.SSLContext | None = None,
+        client_ssl: ssl.SSLContext | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        max_batch: int = 4096,
+        max_queued: int = 100_000,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not secret:
+            raise ValueError("the cluster secret must not be empty")
+        self.node = node
+        self._secret = secret
+        self._on_message = on_message
+        self._host = host
+        self._port = port
+        self._server_ssl = server_ssl
+        self._client_ssl = client_ssl
+        self._max_frame = max_frame
+        self._max_batch = max_batch
+        self._max_queued = max_queued
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._rng = rng or random.Random()
+        self._server: asyncio.base_events.Server | None = None
+        self._peers: dict[str, _Outbound] = {}
+        self._inbound: set[asyncio.Task[None]] = set()
+        self._inbound_writers: set[asyncio.StreamWriter] = set()
+        self.stats = TransportStats()
+        #: peers currently authenticated on an inbound connection (for status pages)
+        self.inbound_peers: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> int:
+        """Listen for peers; return the bound port."""
+        self._server = await asyncio.start_server(
+            self._accept, self._host, self._port, ssl=self._server_ssl
+        )
+        sock = self._server.sockets[0]
+        self._port = sock.getsockname()[1]
+        return self._port
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for out in self._peers.values():
+            if out.task is not None:
+                out.task.cancel()
+        for w in list(self._inbound_writers):
+            w.close()
+        for t in list(self._inbound):
+            t.cancel()
+        tasks = [o.task for o in self._peers.values() if o.task] + list(self._inbound)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+        self._peers.clear()
+
+    # ------------------------------------------------------------------ sending
+    def add_peer(self, peer: str, host: str, port: int) -> None:
+        """Know where `peer` listens; start its sender (idempotent; updates the address)."""
+        out = self._peers.get(peer)
+        if out is None:
+            out = _Outbound(peer, host, port)
+            self._peers[peer] = out
+            out.task = asyncio.get_running_loop().create_task(self._sender(out))
+        else:
+            out.host, out.port = host, port
+
+    def remove_peer(self, peer: str) -> None:
+        out = self._peers.pop(peer, None)
+        if out is not None and out.task is not None:
+            out.task.cancel()
+
+    def is_connected(self, peer: str) -> bool:
+        out = self._peers.get(peer)
+        return bool(out and out.connected)
+
+    def send(self, peer: str, message: Any) -> None:
+        """Queue `message` for `peer` (batched with whatever else is queued)."""
+        out = self._peers.get(peer)
+        if out is None:
+            raise KeyError(f"unknown peer {peer!r}: add_peer() it first")
+        if len(out.queue) >= self._max_queued:
+            out.queue.popleft()
+            self.stats.dropped_queue_full += 1
+        out.queue.append(message)
+        out.wakeup.set()
+
+    async def _sender(self, out: _Outbound) -> None:
+        delay = self._backoff[0]
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    out.host, out.port, ssl=self._client_ssl,
+                    server_hostname=out.host if self._client_ssl else None,
+                )
+            except (OSError, ssl.SSLError) as exc:
+                log.debug("%s: connect to %s (%s:%s) failed: %s", self.node, out.peer, out.host, out.port, exc)
+                await asyncio.sleep(delay * (0.5 + self._rng.random()))
+                delay = min(delay * 2, self._backoff[1])
+                continue
+            try:
+                await asyncio.wait_for(self._client_handshake(reader, writer, out.peer), HANDSHAKE_TIMEOUT_S)
+                out.connected = True
+                self.stats.connects += 1
+                delay = self._backoff[0]
+                await self._pump(out, reader, writer)
+            except (AuthenticationFailed, TransportError) as exc:
+                self.stats.auth_failures += isinstance(exc, AuthenticationFailed)
+                log.warning("%s: connection to %s refused: %s", self.node, out.peer, exc)
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
+                log.info("%s: connection to %s lost: %s", self.node, out.peer, exc)
+            finally:
+                out.connected = False
+                writer.close()
+            await asyncio.sleep(delay * (0.5 + self._rng.random()))
+            delay = min(delay * 2, self._backoff[1])
+
+    async def _pump(self, out: _Outbound, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Write queued messages as batches; detect a closed peer.
+
+        The receive side of an outbound connection carries nothing after the
+        handshake, so any read completing (EOF or stray bytes) ends it."""
+        closed = asyncio.ensure_future(reader.read(1))
+        try:
+            while True:
+                if not out.queue:
+                    out.wakeup.clear()
+                    waiter = asyncio.ensure_future(out.wakeup.wait())
+                    done, _ = await asyncio.wait({waiter, closed}, return_when=asyncio.FIRST_COMPLETED)
+                    if closed in done:
+                        waiter.cancel()
+                        raise TransportError("peer closed the connection")
+                    continue
+                n = min(len(out.queue), self._max_batch)
+                batch = [out.queue.popleft() for _ in range(n)]
+                writer.write(_encode(batch))
+                self.stats.frames_sent += 1
+                self.stats.messages_sent += n
+                await writer.drain()
+        finally:
+            closed.cancel()
+
+    async def _client_handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected_peer: str
+    ) -> None:
+        hello = await _read_frame(reader, 4096)
+        if not isinstance(hello, dict) or hello.get("v") != PROTOCOL_VERSION or not isinstance(hello.get("challenge"), bytes):
+            raise AuthenticationFailed("peer did not send a valid challenge")
+        ns: bytes = hello["challenge"]
+        nc = os.urandom(16)
+        writer.write(_encode({"v": PROTOCOL_VERSION, "node": self.node, "challenge": nc,
+                              "proof": _proof(self._secret, b"client", ns, nc, self.node)}))
+        await writer.drain()
+        reply = await _read_frame(reader, 4096)
+        if not isinstance(reply, dict) or "proof" not in reply:
+            raise AuthenticationFailed(f"{expected_peer} refused our authentication: {reply!r}")
+        server_node = reply.get("node")
+        if not isinstance(server_node, str) or not hmac.compare_digest(
+            reply["proof"], _proof(self._secret, b"server", nc, ns, server_node)
+        ):
+            raise AuthenticationFailed(f"{expected_peer} failed to prove it knows the cluster secret")
+        if server_node != expected_peer:
+            raise AuthenticationFailed(f"expected node {expected_peer!r} at that address, found {server_node!r}")
+
+    # ------------------------------------------------------------------ receiving
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inbound.add(task)
+        self._inbound_writers.add(writer)
+        peer = None
+        addr = writer.get_extra_info("peername")
+        try:
+            peer = await asyncio.wait_for(self._server_handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
+            self.inbound_peers[peer] = self.inbound_peers.get(peer, 0) + 1
+            while True:
+                batch = await _read_frame(reader, self._max_frame)
+                if not isinstance(batch, list):
+                    raise TransportError("frame payload is not a batch")
+                self.stats.frames_received += 1
+                self.stats.messages_received += len(batch)
+                for message in batch:
+                    self._on_message(peer, message)
+        except AuthenticationFailed as exc:
+            self.stats.auth_failures += 1
+            log.warning("%s: refused unauthenticated peer %s: %s", self.node, addr, exc)
+        except TransportError as exc:
+            log.warning("%s: dropping connection from %s (%s): %s", self.node, peer, addr, exc)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, msgpack.UnpackException, ValueError) as exc:
+            log.info("%s: inbound connection from %s (%s) ended: %s", self.node, peer, addr, exc)
+        finally:
+            if peer is not None:
+                self.inbound_peers[peer] -= 1
+                if not self.inbound_peers[peer]:
+                    del self.inbound_peers[peer]
+            writer.close()
+            self._inbound_writers.discard(writer)
+            self._inbound.discard(task)
+
+    async def _server_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        ns = os.urandom(16)
+        writer.write(_encode({"v": PROTOCOL_VERSION, "challenge": ns}))
+        await writer.drain()
+        try:
+            msg = await _read_frame(reader, 4096)
+        except (TransportError, msgpack.UnpackException, ValueError) as exc:
+            raise AuthenticationFailed(f"malformed handshake: {exc}") from None
+        if not isinstance(msg, dict) or msg.get("v") != PROTOCOL_VERSION:
+            raise AuthenticationFailed("malformed handshake")
+        node, nc, proof = msg.get("node"), msg.get("challenge"), msg.get("proof")
+        if not (isinstance(node, str) and isinstance(nc, bytes) and isinstance(proof, bytes)):
+            raise AuthenticationFailed("malformed handshake")
+        if not hmac.compare_digest(proof, _proof(self._secret, b"client", ns, nc, node)):
+            writer.write(_encode({"v": PROTOCOL_VERSION, "error": "authentication failed"}))
+            await writer.drain()
+            raise AuthenticationFailed(f"node {node!r} does not know the cluster secret")
+        writer.write(_encode({"v": PROTOCOL_VERSION, "node": self.node,
+                              "proof": _proof(self._secret, b"server", nc, ns, self.node)}))
+        await writer.drain()
+        return node

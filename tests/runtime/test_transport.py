@@ -1,0 +1,238 @@
+"""Peer transport over real loopback sockets: authentication, batching, order,
+reconnect with backoff, hostile input, optional TLS."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import struct
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from broker.runtime.transport import PeerTransport
+
+SECRET = b"cluster-cookie"
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.by_peer: dict[str, list[Any]] = defaultdict(list)
+        self.changed = asyncio.Event()
+
+    def __call__(self, peer: str, message: Any) -> None:
+        self.by_peer[peer].append(message)
+        self.changed.set()
+
+    async def wait_for(self, peer: str, count: int, timeout: float = 10.0) -> list[Any]:
+        async def loop() -> list[Any]:
+            while len(self.by_peer[peer]) < count:
+                self.changed.clear()
+                await self.changed.wait()
+            return self.by_peer[peer]
+
+        return await asyncio.wait_for(loop(), timeout)
+
+
+async def _pair(**kw: Any) -> tuple[PeerTransport, PeerTransport, Inbox, Inbox]:
+    ia, ib = Inbox(), Inbox()
+    a = PeerTransport("a", SECRET, ia, **kw.get("a", {}))
+    b = PeerTransport("b", SECRET, ib, **kw.get("b", {}))
+    await a.start()
+    await b.start()
+    a.add_peer("b", "127.0.0.1", b.port)
+    b.add_peer("a", "127.0.0.1", a.port)
+    return a, b, ia, ib
+
+
+async def test_messages_arrive_in_order_both_ways() -> None:
+    a, b, ia, ib = await _pair()
+    try:
+        for i in range(1000):
+            a.send("b", {"i": i, "blob": b"x" * (i % 7)})
+            b.send("a", [i])
+        got_b = await ib.wait_for("a", 1000)
+        got_a = await ia.wait_for("b", 1000)
+        assert [m["i"] for m in got_b] == list(range(1000))
+        assert got_b[6]["blob"] == b"x" * 6
+        assert got_a == [[i] for i in range(1000)]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_messages_queued_in_one_go_are_batched_into_few_frames() -> None:
+    a, b, ia, ib = await _pair()
+    try:
+        a.send("b", "warm-up")
+        await ib.wait_for("a", 1)
+        before = a.stats.frames_sent
+        for i in range(5000):  # queued synchronously: the sender wakes once
+            a.send("b", i)
+        await ib.wait_for("a", 5001)
+        frames = a.stats.frames_sent - before
+        assert frames <= 3, f"5000 messages took {frames} frames"
+        assert b.stats.messages_received == 5001
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_wrong_secret_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    ib = Inbox()
+    b = PeerTransport("b", SECRET, ib)
+    intruder = PeerTransport("mallory", b"wrong", Inbox(), backoff_initial_s=0.01, backoff_max_s=0.05)
+    await b.start()
+    await intruder.start()
+    caplog.set_level(logging.WARNING, logger="broker.transport")
+    try:
+        intruder.add_peer("b", "127.0.0.1", b.port)
+        intruder.send("b", "let me in")
+
+        async def refused() -> None:
+            while b.stats.auth_failures < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(refused(), 10)
+        assert ib.by_peer == {}
+        assert b.stats.messages_received == 0
+        assert not intruder.is_connected("b")
+        assert any("refused unauthenticated peer" in r.getMessage() for r in caplog.records)
+    finally:
+        await intruder.close()
+        await b.close()
+
+
+async def test_client_refuses_a_server_that_does_not_know_the_secret() -> None:
+    impostor = PeerTransport("b", b"other-secret", Inbox())
+    await impostor.start()
+    a = PeerTransport("a", SECRET, Inbox(), backoff_initial_s=0.01, backoff_max_s=0.05)
+    await a.start()
+    try:
+        a.add_peer("b", "127.0.0.1", impostor.port)
+        a.send("b", "secret stuff")
+
+        async def failures() -> None:
+            while impostor.stats.auth_failures + a.stats.auth_failures < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(failures(), 10)
+        assert impostor.stats.messages_received == 0
+    finally:
+        await a.close()
+        await impostor.close()
+
+
+async def test_sender_reconnects_after_peer_restart_and_delivers_queued_messages() -> None:
+    ia = Inbox()
+    a = PeerTransport("a", SECRET, ia, backoff_initial_s=0.01, backoff_max_s=0.1)
+    await a.start()
+    ib = Inbox()
+    b = PeerTransport("b", SECRET, ib)
+    port = await b.start()
+    a.add_peer("b", "127.0.0.1", port)
+    a.send("b", "first")
+    await ib.wait_for("a", 1)
+    await b.close()
+    # Queue while b is down; they must be delivered once b is back on the same port.
+    ib2 = Inbox()
+    for i in range(10):
+        a.send("b", i)
+    b2 = PeerTransport("b", SECRET, ib2, port=port)
+    await b2.start()
+    try:
+        got = await ib2.wait_for("a", 10)
+        assert got[-10:] == list(range(10))
+        assert a.stats.connects >= 2
+    finally:
+        await a.close()
+        await b2.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\n\r\n",
+        struct.pack(">I", 2**31) + b"\x00",  # absurd length
+        struct.pack(">I", 3) + b"\xc1\xc1\xc1",  # invalid msgpack
+        b"",
+    ],
+)
+async def test_hostile_bytes_are_dropped_without_harming_other_peers(garbage: bytes) -> None:
+    a, b, ia, ib = await _pair()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        await reader.readexactly(4)  # challenge length
+        writer.write(garbage)
+        await writer.drain()
+        writer.write_eof()
+        # The server ends the connection (EOF reaches us) and delivers nothing from it.
+        await asyncio.wait_for(reader.read(), 10)
+        assert reader.at_eof()
+        writer.close()
+        assert b.stats.messages_received == 0
+        a.send("b", "still fine")
+        assert await ib.wait_for("a", 1) == ["still fine"]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_oversized_frame_from_authenticated_peer_drops_the_connection() -> None:
+    a, b, ia, ib = await _pair(b={"max_frame": 1024})
+    try:
+        a.send("b", b"small")
+        await ib.wait_for("a", 1)
+        a.send("b", b"y" * 4096)  # exceeds b's max frame: connection dropped, message lost
+        a.send("b", b"after")
+
+        async def reconnected_and_delivered() -> None:
+            while b"after" not in ib.by_peer["a"]:
+                a.send("b", b"after")
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(reconnected_and_delivered(), 10)
+        assert b"y" * 4096 not in ib.by_peer["a"]
+        assert a.stats.connects >= 2
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_empty_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="secret"):
+        PeerTransport("a", b"", lambda p, m: None)
+
+
+async def test_tls_between_peers(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert))
+    tls = {"server_ssl": server, "client_ssl": client}
+    a, b, ia, ib = await _pair(a=tls, b=tls)
+    try:
+        a.send("b", {"over": "tls"})
+        assert await ib.wait_for("a", 1) == [{"over": "tls"}]
+    finally:
+        await a.close()
+        await b.close()
+
+
+def test_frame_format_is_length_prefixed_msgpack() -> None:
+    from broker.runtime.transport import _encode
+
+    frame = _encode([1, "two"])
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    assert msgpack.unpackb(frame[4:]) == [1, "two"]
