@@ -1,0 +1,129 @@
+"""Snapshot and restore of the queue state (msgpack).
+
+Pipeline position: the runtime snapshots the machine when it gets a
+`ReleaseCursor` effect (storage writes the bytes atomically and deletes log
+segments below the smallest live index) and restores it on restart or on
+InstallSnapshot. `restore(snapshot(s))` is equal to `s` (see `to_plain`) and
+behaves identically for every future command: every field that influences
+behaviour, including round-robin positions, the priority counter, dictionary
+orders and the release-cursor counter, is serialised.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import msgpack
+
+from .commands import CreditMode
+from .config import QueueConfig
+from .errors import SnapshotError
+from .machine import Consumer, QueueState
+from .types import ChannelRef, ConsumerId
+
+SNAPSHOT_VERSION = 1
+
+
+def _cid(c: ConsumerId) -> list[str]:
+    return [c.channel, c.tag]
+
+
+def _uncid(v: list[str]) -> ConsumerId:
+    return ConsumerId(ChannelRef(v[0]), v[1])
+
+
+def to_plain(st: QueueState) -> dict[str, Any]:
+    """A plain (msgpack/JSON-able) description of the whole state; two states
+    behave identically iff their plain forms are equal."""
+    return {
+        "v": SNAPSHOT_VERSION,
+        "config": st.config.to_dict(),
+        "lo": list(st.lo),
+        "hi": list(st.hi),
+        "returns": list(st.returns),
+        "prio_counter": st.prio_counter,
+        "extra": [[k, v[0], v[1], v[2]] for k, v in st.extra.items()],
+        "out_of_order": sorted(st.out_of_order),
+        "ready_bytes": st.ready_bytes,
+        "consumers": [
+            [_cid(c.cid), c.priority, c.mode.value, c.prefetch, c.credit,
+             [[m, r] for m, r in c.checked.items()], c.next_msg_id, c.status, c.in_service]
+            for c in st.consumers.values()
+        ],
+        "service": [[p, [_cid(x) for x in dq]] for p, dq in st.service.items()],
+        "service_prios": list(st.service_prios),
+        "sac_active": _cid(st.sac_active) if st.sac_active is not None else None,
+        "sac_waiting": [_cid(x) for x in st.sac_waiting],
+        "publishers": [[p, s] for p, s in st.publishers.items()],
+        "blocked": st.blocked,
+        "dlx_pending": [list(x) for x in st.dlx_pending],
+        "dlx_checked": [[i, *x] for i, x in st.dlx_checked.items()],
+        "dlx_bytes": st.dlx_bytes,
+        "dlx_prefetch": st.dlx_prefetch,
+        "dlx_attached": st.dlx_attached,
+        "dlx_next_id": st.dlx_next_id,
+        "last_active": st.last_active,
+        "timer_at": st.timer_at,
+        "since_cursor": st.since_cursor,
+        "deleted": st.deleted,
+        "enqueued_total": st.enqueued_total,
+        "dead_lettered_total": st.dead_lettered_total,
+    }
+
+
+def from_plain(d: dict[str, Any]) -> QueueState:
+    """Inverse of `to_plain`."""
+    if d.get("v") != SNAPSHOT_VERSION:
+        raise SnapshotError(f"unsupported queue snapshot version {d.get('v')!r}")
+    st = QueueState(QueueConfig.from_dict(d["config"]), d["last_active"])
+    st.lo = deque(d["lo"])
+    st.hi = deque(d["hi"])
+    st.returns = deque(d["returns"])
+    st.prio_counter = d["prio_counter"]
+    st.extra = {k: (a, b, c) for k, a, b, c in d["extra"]}
+    st.out_of_order = set(d["out_of_order"])
+    st.ready_bytes = d["ready_bytes"]
+    for cid, prio, mode, prefetch, credit, checked, next_id, status, in_service in d["consumers"]:
+        c = Consumer(_uncid(cid), prio, CreditMode(mode), prefetch, status)
+        c.credit = credit
+        c.checked = {m: r for m, r in checked}
+        c.next_msg_id = next_id
+        c.in_service = in_service
+        st.consumers[c.cid] = c
+    st.service = {p: deque(_uncid(x) for x in ids) for p, ids in d["service"]}
+    st.service_prios = list(d["service_prios"])
+    st.sac_active = _uncid(d["sac_active"]) if d["sac_active"] is not None else None
+    st.sac_waiting = [_uncid(x) for x in d["sac_waiting"]]
+    st.publishers = {ChannelRef(p): s for p, s in d["publishers"]}
+    st.blocked = d["blocked"]
+    st.dlx_pending = deque((r, code, dc) for r, code, dc in d["dlx_pending"])
+    st.dlx_checked = {i: (r, code, dc) for i, r, code, dc in d["dlx_checked"]}
+    st.dlx_bytes = d["dlx_bytes"]
+    st.dlx_prefetch = d["dlx_prefetch"]
+    st.dlx_attached = d["dlx_attached"]
+    st.dlx_next_id = d["dlx_next_id"]
+    st.timer_at = d["timer_at"]
+    st.since_cursor = d["since_cursor"]
+    st.deleted = d["deleted"]
+    st.enqueued_total = d["enqueued_total"]
+    st.dead_lettered_total = d["dead_lettered_total"]
+    return st
+
+
+def snapshot(st: QueueState) -> bytes:
+    """Serialise the state to bytes."""
+    data: bytes = msgpack.packb(to_plain(st), use_bin_type=True)
+    return data
+
+
+def restore(data: bytes) -> QueueState:
+    """Rebuild a state from `snapshot` bytes; SnapshotError if they are bad."""
+    try:
+        plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if not isinstance(plain, dict):
+            raise SnapshotError("queue snapshot is not a map")
+        return from_plain(plain)
+    except SnapshotError:
+        raise
+    except Exception as exc:  # any decoding/shape problem is a bad snapshot
+        raise SnapshotError(f"corrupt queue snapshot: {exc}") from exc

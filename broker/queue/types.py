@@ -1,0 +1,48 @@
+"""Identifiers and log metadata shared by the queue state machine's commands,
+effects and state.
+
+Pipeline position: `broker.runtime` turns AMQP traffic into commands
+(`broker.queue.commands`), Raft commits them, and every replica applies them
+with the `Meta` of the log entry that carried them; nothing here does I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+ChannelRef = NewType("ChannelRef", str)
+"""Opaque, cluster-unique name of an AMQP channel (e.g. ``"node1/conn7/ch1"``).
+Publishers are channels; a consumer belongs to exactly one channel."""
+
+MsgId = NewType("MsgId", int)
+"""Per-consumer delivery id, assigned by the machine from 0 upwards. The
+channel maps it to its own delivery tag."""
+
+RaftIndex = NewType("RaftIndex", int)
+
+DEQUEUE_TAG = ""
+"""Consumer tag of a channel's basic.get pseudo-consumer: AMQP clients never
+get an empty consumer tag (the server names unnamed consumers), so it cannot
+clash with a real consumer."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ConsumerId:
+    """A consumer is (channel, consumer tag); unique within one queue."""
+
+    channel: ChannelRef
+    tag: str
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """Metadata of the committed log entry a command was carried in.
+
+    `timestamp_ms` is the leader's wall clock when it appended the entry: it is
+    the machine's only notion of time, so every replica computes the same
+    expiries. Invariant: `index` strictly increases across applied commands.
+    """
+
+    index: int
+    term: int
+    timestamp_ms: int
