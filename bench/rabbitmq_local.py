@@ -60,7 +60,9 @@ class RabbitNode:
             raise RuntimeError(f"RabbitMQ node {self.name} did not start: {r.stderr or r.stdout}\n{logs}")
 
     def stop(self) -> None:
-        self.ctl("stop", timeout=60)
+        # With the pid file, `stop` also waits for the OS process to exit.
+        pid = self.base / "pid"
+        self.ctl("stop", *([str(pid)] if pid.exists() else []), timeout=60)
 
 
 def start_node(base: Path, port: int, name: str) -> RabbitNode:
