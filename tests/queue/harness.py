@@ -6,8 +6,18 @@ from dataclasses import replace
 from typing import Any
 
 from broker.queue import (
-    ChannelRef, Checkout, ConsumerId, Deliver, Effect, Enqueue, Meta, QueueConfig, QueueState,
-    Reply, apply, new_state,
+    ChannelRef,
+    Checkout,
+    ConsumerId,
+    Deliver,
+    Effect,
+    Enqueue,
+    Meta,
+    QueueConfig,
+    QueueState,
+    Reply,
+    apply,
+    new_state,
 )
 from broker.queue.commands import Command
 

@@ -5,10 +5,33 @@ from __future__ import annotations
 import pytest
 
 from broker.queue import (
-    OK, Cancel, ChannelDown, ChannelRef, Checkout, ConsumerDown, Credit, CreditMode, CreditReply,
-    DeadLetter, DeadLetterReason, Dequeue, DequeueEmpty, Dequeued, Discard, Enqueue,
-    EnqueueResult, Modify, NotFound, Purge, Purged, QueueCommandError, ReleaseCursor, Return,
-    Settle, Tick, pack,
+    OK,
+    Cancel,
+    ChannelDown,
+    ChannelRef,
+    Checkout,
+    ConsumerDown,
+    Credit,
+    CreditMode,
+    CreditReply,
+    DeadLetter,
+    DeadLetterReason,
+    Dequeue,
+    Dequeued,
+    DequeueEmpty,
+    Discard,
+    Enqueue,
+    EnqueueResult,
+    Modify,
+    NotFound,
+    Purge,
+    Purged,
+    QueueCommandError,
+    ReleaseCursor,
+    Return,
+    Settle,
+    Tick,
+    pack,
 )
 from broker.queue.machine import RELEASE_CURSOR_INTERVAL
 
