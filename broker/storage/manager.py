@@ -1,0 +1,1325 @@
+"""LogManager (one per node) and GroupLog (one per Raft group): the storage shell.
+
+Pipeline position: the Raft driver in broker/runtime hands each group's
+`Ready` (entries + hard state) to `GroupLog.append` / `set_hard_state`; these
+update the in-memory table at once and queue encoded records for the node's
+single WAL writer thread, which writes everything queued with one pwrite and
+one fdatasync (group commit) and then calls `on_durable(group_id, index,
+term)`. When the WAL passes `wal_max_size_bytes` it rolls over: a new WAL file
+is started and the segment-writer thread flushes the old file's entries into
+per-group segment files, then deletes the old WAL. Reads go: memory table ->
+segment files (through a small cache of open, verified segment indexes).
+
+Locking: one node-wide lock (`LogManager._lock`) guards all in-memory state.
+It is never held across a WAL write/fsync; it is held across segment reads
+(page-cache preads) and the short install step of a flush.
+
+Invariants (per group):
+- the log is contiguous: visible segment entries, then the memory table;
+- `durable_index() <= last_index()` and every entry <= durable_index() is on
+  disk (WAL fsynced or segment fsynced) exactly as it is served;
+- memory entries carry the WAL generation they were queued in, and
+  generations never decrease along the log (a write at i truncates >= i).
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import fcntl
+import logging
+import os
+import queue
+import struct
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from . import codec
+from .errors import (
+    CompactedError,
+    CorruptionError,
+    CorruptSegmentError,
+    CorruptSnapshotError,
+    CorruptWalError,
+    GroupAlreadyOpenError,
+    GroupClosedError,
+    GroupFailedError,
+    InvalidEntriesError,
+    LogGapError,
+    StorageError,
+    StorageIOError,
+    UnavailableError,
+)
+from .files import fsync_dir, makedirs_durable, read_file, write_all, write_file_atomic
+from .types import Entry, HardState, Snapshot, SnapshotMeta, StorageConfig
+
+log = logging.getLogger(__name__)
+
+OnDurable = Callable[[str, int, int], None]
+OnError = Callable[[str, BaseException], None]
+
+_NO_CLIP = 1 << 63
+WAL_SUFFIX = ".wal"
+SEG_SUFFIX = ".segment"
+SNAP_SUFFIX = ".snapshot"
+CORRUPT_MARKER = "CORRUPT"
+GROUP_FILE = "GROUP"
+
+
+# ------------------------------------------------------------------ helpers
+@dataclass(frozen=True, slots=True)
+class _SegFile:
+    """One segment file on disk (immutable once renamed into place)."""
+
+    seq: int
+    path: str
+    first: int
+    last: int
+    reset: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """Memory-table entries from index `first` on were queued in WAL generation `gen`."""
+
+    gen: int
+    first: int
+    reset: bool
+
+
+class _SegReader:
+    """An open, fully verified segment file: fd + index slots."""
+
+    __slots__ = ("fd", "slots", "first")
+
+    def __init__(self, fd: int, slots: list[codec.SegmentSlot]) -> None:
+        self.fd = fd
+        self.slots = slots
+        self.first = slots[0].index
+
+
+class _Pending:
+    """One append/set_hard_state call queued for the WAL writer."""
+
+    __slots__ = ("group", "epoch", "parts", "nbytes", "last_entry", "hs", "hs_record", "barrier")
+
+    def __init__(
+        self,
+        group: GroupLog | None,
+        epoch: int,
+        parts: list[bytes],
+        nbytes: int,
+        last_entry: Entry | None,
+        hs: HardState | None,
+        hs_record: bytes | None,
+        barrier: threading.Event | None = None,
+    ) -> None:
+        self.barrier = barrier
+        self.group = group
+        self.epoch = epoch
+        self.parts = parts
+        self.nbytes = nbytes
+        self.last_entry = last_entry
+        self.hs = hs
+        self.hs_record = hs_record
+
+
+class _Run:
+    """Recovery: one group's entries replayed from the WAL files, in order."""
+
+    __slots__ = ("first", "entries", "reset")
+
+    def __init__(self, first: int, reset: bool) -> None:
+        self.first = first
+        self.entries: list[Entry] = []
+        self.reset = reset
+
+    def add(self, e: Entry, reset_flag: bool) -> None:
+        last = self.first + len(self.entries) - 1
+        if reset_flag or e.index > last + 1:
+            # a new log starts here (after a snapshot install)
+            self.first, self.entries, self.reset = e.index, [e], True
+        elif e.index >= self.first:
+            del self.entries[e.index - self.first :]
+            self.entries.append(e)
+        else:  # overwrite below this run: it truncates the older log at e.index
+            self.first, self.entries = e.index, [e]
+
+
+def _sync(fd: int, method: str) -> None:
+    if method == "fdatasync":
+        os.fdatasync(fd)
+    elif method == "fsync":
+        os.fsync(fd)
+
+
+def _lock_dir(path: str) -> int:
+    """Exclusive flock on <data_dir>/LOCK: one LogManager per directory."""
+    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise StorageError(f"{path} is in use by another LogManager") from exc
+    return fd
+
+
+def _seq_of(name: str, suffix: str) -> int | None:
+    if not name.endswith(suffix):
+        return None
+    stem = name[: -len(suffix)]
+    return int(stem) if stem.isdigit() else None
+
+
+# ----------------------------------------------------------------- GroupLog
+class GroupLog:
+    """The durable log of one Raft group on this node. Obtain it from
+    `LogManager.open_group`. Thread-safe; callbacks run on the WAL writer thread."""
+
+    def __init__(
+        self,
+        mgr: LogManager,
+        group_id: str,
+        ref: int,
+        path: str,
+        files: list[_SegFile],
+        snapshot: SnapshotMeta | None,
+        hard_state: HardState,
+        on_durable: OnDurable | None,
+        on_error: OnError | None,
+    ) -> None:
+        self._mgr = mgr
+        self.group_id = group_id
+        self.path = path
+        self._ref = ref
+        self._on_durable = on_durable
+        self._on_error = on_error
+        # segment files on disk, by sequence number (write order)
+        self._files = files
+        self._next_seq = (files[-1].seq + 1) if files else 1
+        # Invariant: segment entries with index > _clip are shadowed by later writes.
+        self._clip = _NO_CLIP
+        self._pieces: list[tuple[int, int, _SegFile]] = []
+        self._piece_los: list[int] = []
+        # memory table: _mem[k] has index _mem_first + k
+        self._mem: list[Entry] = []
+        self._mem_first = 0
+        self._marks: list[_Mark] = []
+        self._snapshot = snapshot
+        self._hs = hard_state
+        self._durable_hs = hard_state
+        self._epoch = 0  # bumped on a write error: queued appends of older epochs are dropped
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._recompute_pieces()
+        last = self._log_last()
+        self._durable = last if last is not None else self._empty_last()
+
+    # ----- composition (lock held)
+    def _recompute_pieces(self) -> None:
+        comp = codec.compose([(f.first, f.last, f.reset) for f in self._files])
+        pieces = []
+        for f, p in zip(self._files, comp, strict=True):
+            if p is not None and p[0] <= self._clip:
+                pieces.append((p[0], min(p[1], self._clip), f))
+        self._pieces = pieces
+        self._piece_los = [p[0] for p in pieces]
+
+    def _seg_last(self) -> int | None:
+        if not self._pieces:
+            return None
+        hi = self._pieces[-1][1]
+        if self._mem:
+            hi = min(hi, self._mem_first - 1)
+        return hi
+
+    def _log_first(self) -> int | None:
+        if self._pieces and (not self._mem or self._pieces[0][0] < self._mem_first):
+            return self._pieces[0][0]
+        return self._mem_first if self._mem else None
+
+    def _log_last(self) -> int | None:
+        if self._mem:
+            return self._mem_first + len(self._mem) - 1
+        return self._pieces[-1][1] if self._pieces else None
+
+    def _empty_last(self) -> int:
+        return self._snapshot.index if self._snapshot is not None else 0
+
+    def _check(self) -> None:
+        if self._closed or self._mgr._closed:
+            raise GroupClosedError(f"group {self.group_id!r} is closed")
+        if self._failed is not None:
+            raise GroupFailedError(
+                f"group {self.group_id!r} stopped: {self._failed}"
+            ) from self._failed
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+            log.error("storage: group %r stopped: %s", self.group_id, exc)
+
+    # ----- queries
+    def first_index(self) -> int:
+        """Smallest retained index (entries below the snapshot stay until released)."""
+        with self._mgr._lock:
+            self._check()
+            first = self._log_first()
+            return first if first is not None else self._empty_last() + 1
+
+    def last_index(self) -> int:
+        """max(last entry, snapshot index)."""
+        with self._mgr._lock:
+            self._check()
+            return self._last_index_locked()
+
+    def _last_index_locked(self) -> int:
+        last = self._log_last()
+        return max(last if last is not None else 0, self._empty_last())
+
+    def durable_index(self) -> int:
+        """Every entry <= this index is on disk (fsynced)."""
+        with self._mgr._lock:
+            self._check()
+            return self._durable
+
+    def hard_state(self) -> HardState:
+        """Latest hard state set (recovered one after a restart)."""
+        with self._mgr._lock:
+            self._check()
+            return self._hs
+
+    def durable_hard_state(self) -> HardState:
+        with self._mgr._lock:
+            self._check()
+            return self._durable_hs
+
+    def snapshot_meta(self) -> SnapshotMeta | None:
+        with self._mgr._lock:
+            self._check()
+            return self._snapshot
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that stopped this group, if any."""
+        return self._failed
+
+    def term(self, index: int) -> int:
+        """Term of entry `index` (or of the snapshot at `index`; term(0) == 0)."""
+        with self._mgr._lock:
+            self._check()
+            return self._term_locked(index)
+
+    def _term_locked(self, index: int) -> int:
+        mem = self._mem
+        if mem and self._mem_first <= index < self._mem_first + len(mem):
+            return mem[index - self._mem_first].term
+        snap = self._snapshot
+        if snap is not None and index == snap.index:
+            return snap.term
+        if index == 0:
+            return 0
+        piece = self._piece_for(index)
+        if piece is not None:
+            reader = self._reader(piece[2])
+            return reader.slots[index - reader.first].term
+        first = self._log_first()
+        if first is None or index < first:
+            raise CompactedError(f"group {self.group_id!r}: index {index} is compacted")
+        raise UnavailableError(f"group {self.group_id!r}: index {index} is beyond the log")
+
+    def _piece_for(self, index: int) -> tuple[int, int, _SegFile] | None:
+        k = bisect.bisect_right(self._piece_los, index) - 1
+        if k < 0:
+            return None
+        piece = self._pieces[k]
+        hi = piece[1]
+        if self._mem:
+            hi = min(hi, self._mem_first - 1)
+        return piece if index <= hi else None
+
+    def _reader(self, f: _SegFile) -> _SegReader:
+        try:
+            return self._mgr._segment_reader(f)
+        except CorruptionError as exc:
+            self._fail(exc)
+            raise
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        """Entries [lo, hi). With max_bytes, stop once the data exceeds it
+        (always at least one entry). Raises CompactedError / UnavailableError."""
+        with self._mgr._lock:
+            self._check()
+            if lo > hi:
+                raise ValueError(f"entries(lo={lo}, hi={hi}): lo > hi")
+            if lo == hi:
+                return []
+            first = self._log_first()
+            last = self._log_last()
+            if first is None or last is None:
+                if lo <= self._empty_last():
+                    raise CompactedError(f"group {self.group_id!r}: index {lo} is compacted")
+                raise UnavailableError(f"group {self.group_id!r}: [{lo}, {hi}) beyond the log")
+            if lo < first:
+                raise CompactedError(f"group {self.group_id!r}: index {lo} is compacted")
+            if hi > last + 1:
+                raise UnavailableError(
+                    f"group {self.group_id!r}: [{lo}, {hi}) beyond last index {last}"
+                )
+            out: list[Entry] = []
+            size = 0
+            i = lo
+            mem_first = self._mem_first if self._mem else last + 1
+            while i < hi and i < mem_first:
+                piece = self._piece_for(i)
+                if piece is None:
+                    raise CompactedError(f"group {self.group_id!r}: index {i} not in any segment")
+                stop = min(hi - 1, piece[1], mem_first - 1)
+                got, size, full = self._read_segment(piece[2], i, stop, size, max_bytes, bool(out))
+                out.extend(got)
+                if full:
+                    return out
+                i = stop + 1
+            if i < hi:
+                chunk = self._mem[i - mem_first : hi - mem_first]
+                if max_bytes is None:
+                    out.extend(chunk)
+                else:
+                    for e in chunk:
+                        size += len(e.data)
+                        if size > max_bytes and out:
+                            break
+                        out.append(e)
+            return out
+
+    def _read_segment(
+        self, f: _SegFile, lo: int, hi: int, size: int, max_bytes: int | None, have: bool
+    ) -> tuple[list[Entry], int, bool]:
+        reader = self._reader(f)
+        slots = reader.slots[lo - reader.first : hi - reader.first + 1]
+        start = slots[0].offset
+        end = slots[-1].offset + slots[-1].length
+        buf = os.pread(reader.fd, end - start, start)
+        out: list[Entry] = []
+        for s in slots:
+            stored = buf[s.offset - start : s.offset - start + s.length]
+            if len(stored) != s.length or codec.entry_crc(s.index, s.term, stored) != s.crc:
+                exc = CorruptSegmentError(f"{f.path}: entry {s.index} checksum mismatch")
+                self._fail(exc)
+                raise exc
+            size += s.length - 1
+            if max_bytes is not None and size > max_bytes and (have or out):
+                return out, size, True
+            out.append(Entry(s.index, s.term, stored[1:], stored[0]))
+        return out, size, False
+
+    # ----- writes
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Queue entries for the WAL (non-blocking). If entries[0].index <=
+        last_index() this is an overwrite: the suffix from there is dropped
+        first. A first index past last_index() + 1 is allowed only right after
+        a snapshot at first - 1 (the log then restarts there)."""
+        if not entries:
+            return
+        mgr = self._mgr
+        ref = self._ref
+        enc = codec.encode_entry_header
+        parts: list[bytes] = []
+        nbytes = 0
+        checked: list[Entry] = []
+        prev_index = entries[0].index - 1
+        prev_term = -1
+        for e in entries:
+            if type(e) is not Entry or type(e.data) is not bytes:
+                try:
+                    e = Entry(int(e.index), int(e.term), bytes(e.data), int(getattr(e, "kind", 0)))
+                except (TypeError, ValueError, AttributeError) as exc:
+                    raise InvalidEntriesError(f"not a valid entry: {e!r}") from exc
+            if e.index != prev_index + 1 or e.index < 1:
+                raise InvalidEntriesError(
+                    f"entries must have consecutive indexes >= 1; got {e.index} after {prev_index}"
+                )
+            if e.term < prev_term or e.term < 0 or not 0 <= e.kind <= 255:
+                raise InvalidEntriesError(
+                    f"entry {e.index}: bad term {e.term} (previous {prev_term}) or kind {e.kind}"
+                )
+            if len(e.data) > 0xFFFF_FFFE:
+                raise InvalidEntriesError(f"entry {e.index}: data too large")
+            prev_index, prev_term = e.index, e.term
+            parts.append(enc(ref, e.index, e.term, e.kind, e.data))
+            parts.append(e.data)
+            nbytes += codec.REC_HEADER_SIZE + len(e.data)
+            checked.append(e)
+        f = checked[0].index
+        with mgr._lock:
+            self._check()
+            last = self._log_last()
+            first = self._log_first()
+            snap = self._snapshot
+            reset = False
+            if last is None or f > last + 1:
+                # a hole is only allowed right after a snapshot that covers it: the log restarts
+                if snap is not None and f == snap.index + 1 and (last is None or last <= snap.index):
+                    reset = True
+                elif not (last is None and snap is None and f == 1):
+                    raise LogGapError(
+                        f"group {self.group_id!r}: append at {f} but last index is "
+                        f"{last if last is not None else self._empty_last()}"
+                    )
+            elif first is not None and f < first:
+                raise InvalidEntriesError(
+                    f"group {self.group_id!r}: cannot overwrite index {f} below first index {first}"
+                )
+            if not reset and f > 1:
+                try:
+                    before = self._term_locked(f - 1)
+                except (CompactedError, UnavailableError):
+                    before = 0
+                if checked[0].term < before:
+                    raise InvalidEntriesError(
+                        f"group {self.group_id!r}: entry {f} term {checked[0].term} < term "
+                        f"{before} of entry {f - 1}"
+                    )
+            gen = mgr._gen
+            mem = self._mem
+            marks = self._marks
+            if reset:
+                mem.clear()
+                marks.clear()
+                self._mem_first = f
+                self._clip = 0
+                self._recompute_pieces()
+            elif mem and f >= self._mem_first:
+                del mem[f - self._mem_first :]
+            else:  # memory table empty, or overwrite reaching into the segments
+                mem.clear()
+                self._mem_first = f
+                if self._clip != f - 1:
+                    self._clip = f - 1
+                    self._recompute_pieces()
+            keep_reset = reset
+            while marks and marks[-1].first >= f:
+                m = marks.pop()
+                keep_reset = keep_reset or (m.first == f and m.reset)
+            if not marks or marks[-1].gen != gen:
+                marks.append(_Mark(gen, f, keep_reset))
+            if keep_reset:
+                parts[0] = enc(ref, f, checked[0].term, checked[0].kind, checked[0].data, True)
+            mem.extend(checked)
+            if reset:
+                self._durable = f - 1
+            elif self._durable >= f:
+                self._durable = f - 1
+            mgr._enqueue(_Pending(self, self._epoch, parts, nbytes, checked[-1], None, None))
+
+    def set_hard_state(self, hs: HardState) -> None:
+        """Queue the hard state; it is written in the same WAL batch/fsync as
+        entries queued before it. durable_hard_state() reflects it once durable."""
+        if hs.term < 0 or hs.commit < 0:
+            raise ValueError(f"bad hard state {hs!r}")
+        rec = codec.encode_hard_state(self._ref, hs.term, hs.voted_for, hs.commit)
+        with self._mgr._lock:
+            self._check()
+            self._hs = hs
+            self._mgr._enqueue(_Pending(self, self._epoch, [rec], len(rec), None, hs, rec))
+
+    # ----- writer-thread hooks (lock held)
+    def _batch_durable(self, entry: Entry | None, hs: HardState | None) -> tuple[int, int]:
+        if entry is not None:
+            i = entry.index
+            k = i - self._mem_first
+            if self._mem and 0 <= k < len(self._mem) and self._mem[k] is entry:
+                self._durable = i
+        if hs is not None:
+            self._durable_hs = hs
+        try:
+            term = self._term_locked(self._durable)
+        except (StorageError, OSError):
+            term = 0
+        return self._durable, term
+
+    def _write_failed(self) -> None:
+        """Drop everything not durable: the caller re-appends after on_error."""
+        self._epoch += 1
+        self._truncate_mem_from(self._durable + 1)
+        self._hs = self._durable_hs
+
+    def _truncate_mem_from(self, i: int) -> None:
+        if not self._mem:
+            return
+        k = max(i - self._mem_first, 0)
+        del self._mem[k:]
+        while self._marks and self._marks[-1].first >= i:
+            self._marks.pop()
+        if not self._mem:
+            self._marks.clear()
+
+    # ----- flush (segment-writer thread)
+    def _flush_portion(self, gen: int) -> tuple[list[Entry], bool, list[int]] | None:
+        """Entries queued in WAL generations <= gen (a prefix of the memory table)."""
+        if not self._mem or not self._marks or self._marks[0].gen > gen:
+            return None
+        end = self._mem_first + len(self._mem)
+        for m in self._marks:
+            if m.gen > gen:
+                end = m.first
+                break
+        portion = self._mem[: end - self._mem_first]
+        n = self._mgr.config.segment_max_entries
+        nfiles = (len(portion) + n - 1) // n
+        seqs = list(range(self._next_seq, self._next_seq + nfiles))
+        self._next_seq += nfiles
+        return portion, self._marks[0].reset, seqs
+
+    def _install(self, gen: int, files: list[_SegFile]) -> list[_SegFile]:
+        """Add flushed segment files; drop generation <= gen from memory.
+        Returns leading files now void in the segment-only composition (to delete)."""
+        self._files.extend(files)
+        self._files.sort(key=lambda f: f.seq)
+        if self._mem and self._marks and self._marks[0].gen <= gen:
+            keep_from = self._mem_first + len(self._mem)
+            for m in self._marks:
+                if m.gen > gen:
+                    keep_from = m.first
+                    break
+            del self._mem[: keep_from - self._mem_first]
+            self._mem_first = keep_from
+            self._marks = [m for m in self._marks if m.gen > gen]
+            self._clip = keep_from - 1
+        self._recompute_pieces()
+        return self._drop_leading(0)
+
+    def _drop_leading(self, bound: int) -> list[_SegFile]:
+        """Remove (from the list) leading files that are void in the segment-only
+        composition, or whose surviving entries all lie below `bound`."""
+        comp = codec.compose([(f.first, f.last, f.reset) for f in self._files])
+        n = 0
+        for p in comp:
+            if p is None or p[1] < bound:
+                n += 1
+            else:
+                break
+        dropped = self._files[:n]
+        if dropped:
+            del self._files[:n]
+            self._recompute_pieces()
+        return dropped
+
+    # ----- snapshots and truncation
+    def save_snapshot(self, index: int, term: int, config: bytes, data: bytes) -> SnapshotMeta:
+        """Write a snapshot durably (tmp, fsync, rename, dir fsync); blocking.
+        Keeps the previous snapshot file as a fallback, deletes older ones."""
+        with self._mgr._lock:
+            self._check()
+            cur = self._snapshot
+            if index < 1 or term < 0:
+                raise ValueError(f"snapshot index must be >= 1 and term >= 0, got {index}/{term}")
+            if cur is not None and index < cur.index:
+                raise ValueError(
+                    f"group {self.group_id!r}: snapshot {index} is older than current {cur.index}"
+                )
+        snapdir = os.path.join(self.path, "snapshots")
+        name = f"{index:020d}_{term:020d}{SNAP_SUFFIX}"
+        head = codec.encode_snapshot_header(index, term, config, data)
+        write_file_atomic(os.path.join(snapdir, name), [head, config, data], self._mgr._do_sync)
+        meta = SnapshotMeta(index, term, bytes(config))
+        with self._mgr._lock:
+            if self._snapshot is None or self._snapshot.index <= index:
+                self._snapshot = meta
+        _prune_snapshots(snapdir, keep=2)
+        return meta
+
+    def latest_snapshot(self) -> Snapshot | None:
+        """The newest valid snapshot on disk (config + data), or None."""
+        with self._mgr._lock:
+            self._check()
+        found = _load_latest_snapshot(os.path.join(self.path, "snapshots"))
+        return found
+
+    def release(self, smallest_live_index: int) -> int:
+        """Delete whole segment files whose entries all lie below
+        min(smallest_live_index, snapshot index + 1). Returns files deleted."""
+        with self._mgr._lock:
+            self._check()
+            snap = self._snapshot
+            if snap is None:
+                return 0
+            bound = min(smallest_live_index, snap.index + 1)
+            dropped = self._drop_leading(bound)
+            for f in dropped:
+                self._mgr._evict(f.path)
+        self._mgr._unlink_segments(self.path, dropped)
+        return len(dropped)
+
+    def segment_files(self) -> list[str]:
+        """Paths of this group's segment files (for tests and the audit)."""
+        with self._mgr._lock:
+            return [f.path for f in self._files]
+
+    def close(self) -> None:
+        """Stop using this handle. Unflushed entries stay safe in the WAL."""
+        with self._mgr._lock:
+            self._closed = True
+
+
+# ------------------------------------------------------------- snapshots io
+def _snapshot_files(snapdir: str) -> list[tuple[int, str]]:
+    out = []
+    try:
+        names = os.listdir(snapdir)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        if name.endswith(SNAP_SUFFIX):
+            stem = name[: -len(SNAP_SUFFIX)].split("_")
+            if len(stem) == 2 and stem[0].isdigit():
+                out.append((int(stem[0]), os.path.join(snapdir, name)))
+    out.sort(reverse=True)
+    return out
+
+
+def _load_latest_snapshot(snapdir: str) -> Snapshot | None:
+    for _index, path in _snapshot_files(snapdir):
+        try:
+            index, term, config, data = codec.decode_snapshot(read_file(path), path)
+        except (CorruptSnapshotError, OSError) as exc:
+            log.warning("storage: skipping invalid snapshot: %s", exc)
+            continue
+        return Snapshot(SnapshotMeta(index, term, config), data)
+    return None
+
+
+def _prune_snapshots(snapdir: str, keep: int) -> None:
+    valid = 0
+    for _index, path in _snapshot_files(snapdir):
+        if valid >= keep:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            continue
+        try:
+            codec.decode_snapshot(read_file(path), path)
+            valid += 1
+        except (CorruptSnapshotError, OSError):
+            pass
+
+
+# --------------------------------------------------------------- LogManager
+class LogManager:
+    """Storage of one node: the shared WAL (group commit), per-group segment
+    files and snapshots, under `data_dir`. Recovery runs in the constructor."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        config: StorageConfig | None = None,
+        on_durable: OnDurable | None = None,
+        on_error: OnError | None = None,
+    ) -> None:
+        self.config = config if config is not None else StorageConfig()
+        self.data_dir = os.fspath(data_dir)
+        self._wal_dir = os.path.join(self.data_dir, "wal")
+        self._groups_dir = os.path.join(self.data_dir, "groups")
+        self._on_durable = on_durable
+        self._on_error = on_error
+        self._do_sync = self.config.sync_method != "none"
+        self._lock = threading.Lock()
+        self._closed = False
+        self._groups: dict[str, GroupLog] = {}
+        self._refs: dict[str, int] = {}
+        self._readers: collections.OrderedDict[str, _SegReader] = collections.OrderedDict()
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        # writer-thread state
+        self._hs_records: dict[int, bytes] = {}  # ref -> latest durable HARD_STATE record
+        self._def_records: dict[int, bytes] = {}  # ref -> GROUP record
+        self._defined: set[int] = set()  # refs defined in the current WAL file
+        self._carry_needed = False
+        self._pending_flush: list[int] = []
+        self._barriers: list[threading.Event] = []
+        # counters (read by bench/metrics)
+        self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "write_errors": 0,
+                      "rollovers": 0, "flushes": 0}
+        self._recovered_hs: dict[str, HardState] = {}
+        self._corrupt: dict[str, str] = {}
+        makedirs_durable(self._wal_dir)
+        makedirs_durable(self._groups_dir)
+        self._gen = 0
+        self._fd = -1
+        self._offset = 0
+        self._dir_lock = _lock_dir(self.data_dir)
+        self._recover()
+        self._flushed_upto = self._gen - 1
+        self._flushed_cv = threading.Condition()
+        self._flush_q: queue.Queue[int | None] = queue.Queue()
+        self._flush_stop = threading.Event()
+        self._writer = threading.Thread(target=self._writer_loop, name="qq-wal-writer", daemon=True)
+        self._flusher = threading.Thread(target=self._flusher_loop, name="qq-segment-writer",
+                                         daemon=True)
+        self._writer.start()
+        self._flusher.start()
+
+    # ----- paths / ids
+    def group_dir(self, group_id: str) -> str:
+        return os.path.join(self._groups_dir, codec.encode_group_dir(group_id))
+
+    def _ref_for(self, group_id: str) -> int:
+        ref = self._refs.get(group_id)
+        if ref is None:
+            ref = len(self._refs) + 1
+            self._refs[group_id] = ref
+            self._def_records[ref] = codec.encode_group_def(ref, group_id)
+        return ref
+
+    def group_ids(self) -> list[str]:
+        """Ids of every group with a directory on this node."""
+        out = []
+        for name in sorted(os.listdir(self._groups_dir)):
+            try:
+                out.append(read_file(os.path.join(self._groups_dir, name, GROUP_FILE)).decode())
+            except OSError:
+                continue
+        return out
+
+    def _ensure_group_dir(self, group_id: str) -> str:
+        path = self.group_dir(group_id)
+        makedirs_durable(os.path.join(path, "segments"))
+        makedirs_durable(os.path.join(path, "snapshots"))
+        gfile = os.path.join(path, GROUP_FILE)
+        if not os.path.exists(gfile):
+            write_file_atomic(gfile, [group_id.encode("utf-8")], self._do_sync)
+        return path
+
+    # ----- recovery
+    def _recover(self) -> None:
+        wal_files = sorted(
+            (seq, os.path.join(self._wal_dir, n))
+            for n in os.listdir(self._wal_dir)
+            if (seq := _seq_of(n, WAL_SUFFIX)) is not None
+        )
+        for n in os.listdir(self._wal_dir):
+            if n.endswith(".tmp"):
+                os.unlink(os.path.join(self._wal_dir, n))
+        runs: dict[str, _Run] = {}
+        for _seq, path in wal_files:
+            self._replay(path, runs)
+        # flush recovered entries into segments so the old WAL files can go
+        for gid, run in runs.items():
+            if gid in self._corrupt or not run.entries:
+                continue
+            path = self._ensure_group_dir(gid)
+            segdir = os.path.join(path, "segments")
+            seqs = [q for name in os.listdir(segdir) if (q := _seq_of(name, SEG_SUFFIX)) is not None]
+            nxt = max(seqs, default=0) + 1
+            per = self.config.segment_max_entries
+            chunks = [run.entries[k : k + per] for k in range(0, len(run.entries), per)]
+            self._write_segments(segdir, chunks, run.reset, list(range(nxt, nxt + len(chunks))))
+        for gid, reason in self._corrupt.items():
+            path = self._ensure_group_dir(gid)
+            marker = os.path.join(path, CORRUPT_MARKER)
+            if not os.path.exists(marker):
+                write_file_atomic(marker, [reason.encode("utf-8")], self._do_sync)
+        # a fresh WAL carrying every group's hard state, then drop the old files
+        self._gen = (wal_files[-1][0] + 1) if wal_files else 1
+        for gid, hs in self._recovered_hs.items():
+            if gid not in self._corrupt:
+                ref = self._ref_for(gid)
+                self._hs_records[ref] = codec.encode_hard_state(ref, hs.term, hs.voted_for, hs.commit)
+        self._open_wal(self._gen)
+        self._carry_needed = True
+        self._write_batch([])
+        if self._carry_needed:
+            raise StorageIOError(28, "could not write the new WAL after recovery")
+        for _seq, path in wal_files:
+            os.unlink(path)
+        if wal_files and self._do_sync:
+            fsync_dir(self._wal_dir)
+
+    def _replay(self, path: str, runs: dict[str, _Run]) -> None:
+        buf = read_file(path)
+        if codec.decode_wal_header(buf) is None:
+            return  # torn header: the file was just created, holds nothing durable
+        refs: dict[int, str] = {}
+        pos = codec.WAL_HEADER_SIZE
+        n = len(buf)
+        while pos < n:
+            rec = codec.decode_record(buf, pos)
+            if rec is None:
+                self._check_corruption(buf, pos, refs, path)
+                return
+            pos = rec.end
+            self._apply_record(rec, refs, runs)
+
+    def _apply_record(self, rec: codec.WalRecord, refs: dict[int, str], runs: dict[str, _Run]) -> None:
+        if rec.rtype == codec.REC_GROUP:
+            refs[rec.ref] = rec.payload.decode("utf-8")
+            return
+        gid = refs.get(rec.ref)
+        if gid is None:
+            return
+        if rec.rtype == codec.REC_HARD_STATE:
+            vote = rec.payload.decode("utf-8") if rec.flags & codec.HS_HAS_VOTE else None
+            self._recovered_hs[gid] = HardState(rec.term, vote, rec.index)
+        else:
+            e = Entry(rec.index, rec.term, rec.payload, rec.flags)
+            flag = bool(rec.reserved & codec.REC_FLAG_RESET)
+            run = runs.get(gid)
+            if run is None:
+                run = runs[gid] = _Run(e.index, flag)
+                run.entries.append(e)
+            else:
+                run.add(e, flag)
+
+    def _check_corruption(self, buf: bytes, pos: int, refs: dict[int, str], path: str) -> None:
+        """A bad record at `pos`: a torn tail, unless valid records follow it,
+        in which case the groups that lost records are marked corrupt."""
+        end = codec.record_length_at(buf, pos)
+        if end is None or codec.decode_record(buf, end) is None:
+            return  # torn tail: cut here
+        affected: set[str] = set()
+        (bad_ref,) = struct.unpack_from("<I", buf, pos + 12)
+        if bad_ref in refs:
+            affected.add(refs[bad_ref])
+        p = end
+        while (rec := codec.decode_record(buf, p)) is not None:
+            if rec.rtype == codec.REC_GROUP:
+                refs[rec.ref] = rec.payload.decode("utf-8")
+            elif rec.ref in refs:
+                affected.add(refs[rec.ref])
+            p = rec.end
+        reason = f"{path}: corrupt WAL record at offset {pos}; later records of this group lost"
+        for gid in affected:
+            self._corrupt.setdefault(gid, reason)
+
+    # ----- segments io
+    def _write_segments(
+        self, segdir: str, chunks: list[list[Entry]], reset: bool, seqs: list[int]
+    ) -> list[_SegFile]:
+        files = []
+        for n, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
+            data = codec.encode_segment(
+                self.config.segment_max_entries,
+                [(e.index, e.term, e.kind, e.data) for e in chunk],
+                reset and n == 0,
+            )
+            path = os.path.join(segdir, f"{seq:020d}{SEG_SUFFIX}")
+            tmp = path + ".tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                try:
+                    write_all(fd, data, 0)
+                    if self._do_sync:
+                        os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            files.append(_SegFile(seq, path, chunk[0].index, chunk[-1].index, reset and n == 0))
+        if files and self._do_sync:
+            fsync_dir(segdir)
+        return files
+
+    def _load_segments(self, segdir: str) -> list[_SegFile]:
+        files = []
+        for name in os.listdir(segdir):
+            if name.endswith(".tmp"):
+                os.unlink(os.path.join(segdir, name))
+                continue
+            seq = _seq_of(name, SEG_SUFFIX)
+            if seq is None:
+                continue
+            path = os.path.join(segdir, name)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                head = os.pread(fd, codec.SEG_HEADER_SIZE, 0)
+                flags, max_count, count = codec.decode_segment_header(head, path)
+                idx = os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE)
+                slots = codec.decode_segment_index(idx, count, size, path)
+            finally:
+                os.close(fd)
+            if slots[0].offset < codec.SEG_HEADER_SIZE + max_count * codec.SEG_SLOT_SIZE:
+                raise CorruptSegmentError(f"{path}: entry data overlaps the index")
+            files.append(_SegFile(seq, path, slots[0].index, slots[-1].index,
+                                  bool(flags & codec.SEG_FLAG_RESET)))
+        files.sort(key=lambda f: f.seq)
+        return files
+
+    def _segment_reader(self, f: _SegFile) -> _SegReader:
+        """Open + fully verify a segment file (lock held); LRU-cached."""
+        r = self._readers.get(f.path)
+        if r is not None:
+            self._readers.move_to_end(f.path)
+            return r
+        fd = os.open(f.path, os.O_RDONLY)
+        try:
+            buf = read_file(f.path)
+            _flags, _max, count = codec.decode_segment_header(buf, f.path)
+            slots = codec.decode_segment_index(buf[codec.SEG_HEADER_SIZE:], count, len(buf), f.path)
+            for s in slots:
+                stored = buf[s.offset : s.offset + s.length]
+                if codec.entry_crc(s.index, s.term, stored) != s.crc:
+                    raise CorruptSegmentError(f"{f.path}: entry {s.index} checksum mismatch")
+            if slots[0].index != f.first or slots[-1].index != f.last:
+                raise CorruptSegmentError(f"{f.path}: index range changed on disk")
+        except BaseException:
+            os.close(fd)
+            raise
+        r = _SegReader(fd, slots)
+        self._readers[f.path] = r
+        while len(self._readers) > self.config.segment_cache_size:
+            _path, old = self._readers.popitem(last=False)
+            os.close(old.fd)
+        return r
+
+    def _evict(self, path: str) -> None:
+        r = self._readers.pop(path, None)
+        if r is not None:
+            os.close(r.fd)
+
+    def _unlink_segments(self, group_path: str, files: list[_SegFile]) -> None:
+        for f in files:
+            try:
+                os.unlink(f.path)
+            except FileNotFoundError:
+                pass
+        if files and self._do_sync:
+            fsync_dir(os.path.join(group_path, "segments"))
+
+    # ----- groups
+    def open_group(
+        self,
+        group_id: str,
+        on_durable: OnDurable | None = None,
+        on_error: OnError | None = None,
+    ) -> GroupLog:
+        """Open (recovering) the log of `group_id`. Raises CorruptSegmentError /
+        CorruptWalError if its files are corrupt: that group stays stopped,
+        others are unaffected. Callbacks default to the LogManager's."""
+        path = self.group_dir(group_id)  # validates the id
+        on_durable = on_durable or self._on_durable
+        on_error = on_error or self._on_error
+        with self._lock:
+            if self._closed:
+                raise GroupClosedError("LogManager is closed")
+            g = self._groups.get(group_id)
+            if g is not None:
+                if not g._closed:
+                    raise GroupAlreadyOpenError(f"group {group_id!r} is already open")
+                g._closed = False
+                g._on_durable, g._on_error = on_durable, on_error
+                return g
+        self._ensure_group_dir(group_id)
+        marker = os.path.join(path, CORRUPT_MARKER)
+        if os.path.exists(marker):
+            raise CorruptWalError(read_file(marker).decode("utf-8", "replace"))
+        files = self._load_segments(os.path.join(path, "segments"))
+        snapdir = os.path.join(path, "snapshots")
+        for name in os.listdir(snapdir):
+            if name.endswith(".tmp"):
+                os.unlink(os.path.join(snapdir, name))
+        snap = _load_latest_snapshot(snapdir)
+        with self._lock:
+            if group_id in self._groups:
+                raise GroupAlreadyOpenError(f"group {group_id!r} is already open")
+            ref = self._ref_for(group_id)
+            g = GroupLog(self, group_id, ref, path, files,
+                         snap.meta if snap is not None else None,
+                         self._recovered_hs.get(group_id, HardState()), on_durable, on_error)
+            dropped = g._drop_leading(0)
+            self._groups[group_id] = g
+        self._unlink_segments(path, dropped)
+        return g
+
+    # ----- WAL writer thread
+    def _enqueue(self, item: _Pending) -> None:
+        """Lock held: FIFO order == generation order."""
+        self._queue.append(item)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _open_wal(self, seq: int) -> None:
+        path = os.path.join(self._wal_dir, f"{seq:020d}{WAL_SUFFIX}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_all(fd, codec.encode_wal_header(seq), 0)
+            _sync(fd, self.config.sync_method)
+            if self._do_sync:
+                fsync_dir(self._wal_dir)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
+        self._offset = codec.WAL_HEADER_SIZE
+        self._defined = set()
+
+    def _writer_loop(self) -> None:
+        q = self._queue
+        cfg = self.config
+        while True:
+            if not q:
+                self._wake.clear()
+                if not q:
+                    if self._stopping:
+                        return
+                    self._wake.wait()
+                    continue
+            batch: list[_Pending] = []
+            nbytes = 0
+            while q and len(batch) < cfg.max_batch_records and nbytes < cfg.max_batch_bytes:
+                item = q.popleft()
+                batch.append(item)
+                nbytes += item.nbytes
+            try:
+                self._write_batch(batch)
+                if self._offset >= cfg.wal_max_size_bytes:
+                    self._rollover()
+            except Exception:  # pragma: no cover - a bug; keep the node's WAL alive
+                log.exception("storage: WAL writer error")
+            finally:
+                for ev in self._barriers:
+                    ev.set()
+                self._barriers.clear()
+
+    def _write_batch(self, batch: list[_Pending]) -> None:
+        parts: list[bytes] = []
+        new_refs: set[int] = set()
+        carry = self._carry_needed
+        if carry:
+            for ref, rec in self._hs_records.items():
+                parts.append(self._def_records[ref])
+                new_refs.add(ref)
+                parts.append(rec)
+        touched: dict[GroupLog, list[_Pending]] = {}
+        barriers: list[threading.Event] = []
+        nrec = 0
+        for item in batch:
+            g = item.group
+            if g is None:
+                if item.barrier is not None:
+                    barriers.append(item.barrier)
+                continue
+            if item.epoch != g._epoch:
+                continue  # dropped by an earlier write error
+            ref = g._ref
+            if ref not in self._defined and ref not in new_refs:
+                parts.append(self._def_records[ref])
+                new_refs.add(ref)
+            parts.extend(item.parts)
+            nrec += len(item.parts)
+            touched.setdefault(g, []).append(item)
+        # barriers are released by the writer loop after any roll-over step
+        self._barriers.extend(barriers)
+        if parts:
+            self._write_parts(parts, new_refs, carry, nrec, touched)
+        elif carry:
+            self._carry_done()
+
+    def _write_parts(
+        self,
+        parts: list[bytes],
+        new_refs: set[int],
+        carry: bool,
+        nrec: int,
+        touched: dict[GroupLog, list[_Pending]],
+    ) -> None:
+        buf = b"".join(parts)
+        try:
+            write_all(self._fd, buf, self._offset)
+            _sync(self._fd, self.config.sync_method)
+        except OSError as exc:
+            self._write_error(exc, touched)
+            return
+        self._offset += len(buf)
+        self._defined |= new_refs
+        st = self.stats
+        st["batches"] += 1
+        st["fsyncs"] += 1
+        st["records"] += nrec
+        st["bytes"] += len(buf)
+        if carry:
+            self._carry_done()
+        notify: list[tuple[GroupLog, int, int]] = []
+        with self._lock:
+            for g, items in touched.items():
+                last_entry = None
+                hs = None
+                for item in items:
+                    if item.last_entry is not None:
+                        last_entry = item.last_entry
+                    if item.hs is not None:
+                        hs = item.hs
+                        assert item.hs_record is not None
+                        self._hs_records[g._ref] = item.hs_record
+                index, term = g._batch_durable(last_entry, hs)
+                notify.append((g, index, term))
+        for g, index, term in notify:
+            cb = g._on_durable
+            if cb is not None:
+                try:
+                    cb(g.group_id, index, term)
+                except Exception:
+                    log.exception("storage: on_durable callback failed")
+
+    def _carry_done(self) -> None:
+        """The new WAL holds every group's hard state: old WAL files may be flushed."""
+        self._carry_needed = False
+        for gen in self._pending_flush:
+            self._flush_q.put(gen)
+        self._pending_flush.clear()
+
+    def _write_error(self, exc: OSError, touched: dict[GroupLog, list[_Pending]]) -> None:
+        self.stats["write_errors"] += 1
+        try:
+            os.ftruncate(self._fd, self._offset)
+        except OSError:
+            pass
+        err = StorageIOError(exc.errno or 5, f"WAL write failed: {exc.strerror or exc}")
+        err.__cause__ = exc
+        with self._lock:
+            for g in touched:
+                g._write_failed()
+        for g in touched:
+            cb = g._on_error
+            if cb is not None:
+                try:
+                    cb(g.group_id, err)
+                except Exception:
+                    log.exception("storage: on_error callback failed")
+
+    def _rollover(self) -> None:
+        """Start WAL gen+1; entries queued so far (gen) go into the old file,
+        which the segment writer then flushes and deletes."""
+        old_gen = self._gen
+        old_fd = self._fd
+        path = os.path.join(self._wal_dir, f"{old_gen + 1:020d}{WAL_SUFFIX}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                write_all(fd, codec.encode_wal_header(old_gen + 1), 0)
+                _sync(fd, self.config.sync_method)
+                if self._do_sync:
+                    fsync_dir(self._wal_dir)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)
+                raise
+        except OSError as exc:
+            log.warning("storage: WAL roll-over failed, retrying later: %s", exc)
+            return
+        with self._lock:
+            self._gen = old_gen + 1
+            n_old = len(self._queue)
+        old = [self._queue.popleft() for _ in range(n_old)]
+        cfg = self.config
+        while old:
+            batch, old = old[: cfg.max_batch_records], old[cfg.max_batch_records :]
+            self._write_batch(batch)
+        self._fd = fd
+        os.close(old_fd)
+        self._offset = codec.WAL_HEADER_SIZE
+        self._defined = set()
+        self.stats["rollovers"] += 1
+        self._carry_needed = True
+        self._pending_flush.append(old_gen)
+        self._write_batch([])  # carry group ids + hard states into the new file
+
+    # ----- segment writer thread
+    def _flusher_loop(self) -> None:
+        while True:
+            gen = self._flush_q.get()
+            if gen is None:
+                return
+            while True:
+                try:
+                    self._flush_gen(gen)
+                    break
+                except OSError as exc:
+                    log.warning("storage: flushing WAL %d failed, will retry: %s", gen, exc)
+                    if self._flush_stop.wait(0.5):
+                        return
+
+    def _flush_gen(self, gen: int) -> None:
+        with self._lock:
+            groups = list(self._groups.values())
+        for g in groups:
+            with self._lock:
+                got = g._flush_portion(gen)
+            if got is None:
+                continue
+            portion, reset, seqs = got
+            n = self.config.segment_max_entries
+            chunks = [portion[k : k + n] for k in range(0, len(portion), n)]
+            files = self._write_segments(os.path.join(g.path, "segments"), chunks, reset, seqs)
+            with self._lock:
+                dropped = g._install(gen, files)
+                for f in dropped:
+                    self._evict(f.path)
+            self._unlink_segments(g.path, dropped)
+        path = os.path.join(self._wal_dir, f"{gen:020d}{WAL_SUFFIX}")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if self._do_sync:
+            fsync_dir(self._wal_dir)
+        self.stats["flushes"] += 1
+        with self._flushed_cv:
+            self._flushed_upto = gen
+            self._flushed_cv.notify_all()
+
+    def wait_flushed(self, timeout: float | None = None) -> bool:
+        """Block until every WAL file before the current one has been flushed
+        into segments and deleted. Returns False on timeout."""
+        with self._flushed_cv:
+            return self._flushed_cv.wait_for(lambda: self._flushed_upto >= self._gen - 1, timeout)
+
+    def wal_files(self) -> list[str]:
+        return sorted(n for n in os.listdir(self._wal_dir) if n.endswith(WAL_SUFFIX))
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Block until everything queued so far is written and fsynced (or failed)."""
+        done = threading.Event()
+        with self._lock:
+            if self._closed:
+                raise GroupClosedError("LogManager is closed")
+            self._queue.append(_Pending(None, 0, [], 0, None, None, None, done))
+            self._wake.set()
+        done.wait(timeout)
+
+    def close(self) -> None:
+        """Write what is queued, stop the threads, close files. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stopping = True
+        self._wake.set()
+        self._writer.join()
+        self._flush_stop.set()
+        self._flush_q.put(None)
+        self._flusher.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with self._lock:
+            for r in self._readers.values():
+                os.close(r.fd)
+            self._readers.clear()
+        os.close(self._dir_lock)
+
+    def __enter__(self) -> LogManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,259 @@
+"""GroupLog/LogManager behaviour on real files: append, durability callbacks,
+overwrite, hard state, roll-over into segments, snapshots, release, reopen."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.storage import (
+    CompactedError,
+    Entry,
+    GroupAlreadyOpenError,
+    GroupClosedError,
+    HardState,
+    InvalidEntriesError,
+    InvalidGroupIdError,
+    LogGapError,
+    LogManager,
+    StorageConfig,
+    StorageConfigError,
+    StorageError,
+    UnavailableError,
+)
+
+from .helpers import TINY, Durable, entries, manager, payload, read_all
+
+
+def test_segment_max_entries_is_validated_with_the_setting_name() -> None:
+    with pytest.raises(ValueError, match="raft.segment_max_entries"):
+        StorageConfig(segment_max_entries=65536)
+    with pytest.raises(StorageConfigError, match="raft.segment_max_entries"):
+        StorageConfig(segment_max_entries=0)
+    assert StorageConfig(segment_max_entries=65535).segment_max_entries == 65535
+    with pytest.raises(StorageConfigError, match="sync_method"):
+        StorageConfig(sync_method="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(StorageConfigError, match="wal_max_size_bytes"):
+        StorageConfig(wal_max_size_bytes=0)
+
+
+def test_append_read_and_durable_callback(tmp_path: Path) -> None:
+    d = Durable()
+    with manager(tmp_path, StorageConfig(), d) as m:
+        log = m.open_group("%2F/orders")
+        assert (log.first_index(), log.last_index(), log.durable_index()) == (1, 0, 0)
+        log.append(entries("g", 1, 11, term=1, kind=2))
+        # served from memory at once, durable only after the fsync
+        assert log.last_index() == 10
+        assert d.wait_index("%2F/orders", 10)
+        assert log.durable_index() == 10
+        assert d.latest["%2F/orders"] == (10, 1)
+        got = log.entries(3, 6)
+        assert [(e.index, e.term, e.kind, e.data) for e in got] == [
+            (i, 1, 2, payload("g", i, 1)) for i in range(3, 6)
+        ]
+        assert log.term(10) == 1 and log.term(0) == 0
+        assert m.stats["fsyncs"] >= 1
+        with pytest.raises(UnavailableError):
+            log.entries(5, 12)
+        with pytest.raises(UnavailableError):
+            log.term(11)
+        with pytest.raises(ValueError):
+            log.entries(6, 5)
+
+
+def test_max_bytes_returns_at_least_one_entry(tmp_path: Path) -> None:
+    with manager(tmp_path, StorageConfig()) as m:
+        log = m.open_group("g")
+        log.append([Entry(i, 1, b"x" * 100) for i in range(1, 11)])
+        assert len(log.entries(1, 11, max_bytes=250)) == 2
+        assert len(log.entries(1, 11, max_bytes=1)) == 1
+
+
+def test_bad_appends_are_typed_errors(tmp_path: Path) -> None:
+    with manager(tmp_path, StorageConfig()) as m:
+        log = m.open_group("g")
+        with pytest.raises(LogGapError):
+            log.append([Entry(2, 1, b"")])
+        with pytest.raises(InvalidEntriesError):
+            log.append([Entry(1, 1, b""), Entry(3, 1, b"")])
+        with pytest.raises(InvalidEntriesError):
+            log.append([Entry(1, 2, b""), Entry(2, 1, b"")])
+        with pytest.raises(InvalidEntriesError):
+            log.append([Entry(1, 1, b"", kind=256)])
+        log.append([Entry(1, 3, b"")])
+        with pytest.raises(InvalidEntriesError):  # term below the previous entry's
+            log.append([Entry(2, 2, b"")])
+        with pytest.raises(InvalidGroupIdError):
+            m.open_group("")
+        with pytest.raises(GroupAlreadyOpenError):
+            m.open_group("g")
+        log.close()
+        with pytest.raises(GroupClosedError):
+            log.last_index()
+        assert m.open_group("g").last_index() == 1
+    with pytest.raises(GroupClosedError):
+        log.last_index()
+
+
+def test_overwrite_truncates_suffix_and_lowers_durable_index(tmp_path: Path) -> None:
+    d = Durable()
+    with manager(tmp_path, StorageConfig(), d) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 11, 1))
+        assert d.wait_index("g", 10)
+        log.append(entries("g", 6, 8, 2))
+        assert log.last_index() == 7
+        assert log.durable_index() <= 5 or log.durable_index() == 7
+        m.sync()
+        assert log.durable_index() == 7
+        assert [e.term for e in read_all(log)] == [1] * 5 + [2] * 2
+        with pytest.raises(UnavailableError):
+            log.entries(8, 9)
+    with manager(tmp_path, StorageConfig()) as m:
+        log = m.open_group("g")
+        assert [(e.index, e.term, e.data) for e in read_all(log)] == [
+            (e.index, e.term, e.data) for e in entries("g", 1, 6, 1) + entries("g", 6, 8, 2)
+        ]
+
+
+def test_hard_state_is_durable_and_recovered(tmp_path: Path) -> None:
+    d = Durable()
+    with manager(tmp_path, StorageConfig(), d) as m:
+        log = m.open_group("g")
+        assert log.hard_state() == HardState()
+        log.set_hard_state(HardState(3, "node-b", 0))
+        m.sync()
+        assert log.durable_hard_state() == HardState(3, "node-b", 0)
+        assert d.calls and d.calls[-1][0] == "g"  # hard-state-only batches notify too
+        log.append(entries("g", 1, 4, 3))
+        log.set_hard_state(HardState(3, None, 2))
+    with manager(tmp_path, StorageConfig()) as m:
+        log = m.open_group("g")
+        assert log.hard_state() == HardState(3, None, 2)
+        assert log.last_index() == 3
+
+
+def test_group_ids_are_encoded_safely_and_listed(tmp_path: Path) -> None:
+    ids = ["%2F/orders", "../../etc", ".", "ünïcode/q", "a" * 300, "A-b_c"]
+    with manager(tmp_path, StorageConfig()) as m:
+        for n, gid in enumerate(ids):
+            log = m.open_group(gid)
+            log.append([Entry(1, 1, gid.encode())])
+            assert n >= 0
+        m.sync()
+        assert sorted(m.group_ids()) == sorted(ids)
+        names = os.listdir(tmp_path / "groups")
+        assert all("/" not in nme and nme not in (".", "..") and len(nme) <= 200 for nme in names)
+    with manager(tmp_path, StorageConfig()) as m:
+        for gid in ids:
+            assert m.open_group(gid).entries(1, 2)[0].data == gid.encode()
+
+
+def test_roll_over_moves_entries_into_segments_and_deletes_wal(tmp_path: Path) -> None:
+    d = Durable()
+    cfg = StorageConfig(wal_max_size_bytes=2048, segment_max_entries=4)
+    with manager(tmp_path, cfg, d) as m:
+        logs = [m.open_group(f"q{n}") for n in range(3)]
+        for i in range(1, 41):
+            for n, log in enumerate(logs):
+                log.append(entries(f"q{n}", i, i + 1, 1 + i // 20))
+            if i % 10 == 0:
+                m.sync()  # several batches, so several roll-overs
+        assert m.wait_flushed(10)
+        assert m.stats["rollovers"] >= 2
+        assert len(m.wal_files()) == 1
+        for n, log in enumerate(logs):
+            assert log.segment_files(), "entries should have been flushed to segments"
+            assert all(len(e.data) >= 0 for e in read_all(log))
+            assert [(e.index, e.term, e.data) for e in read_all(log)] == [
+                (i, 1 + i // 20, payload(f"q{n}", i, 1 + i // 20)) for i in range(1, 41)
+            ]
+            assert log.durable_index() == 40
+    with manager(tmp_path, cfg) as m:
+        for n in range(3):
+            log = m.open_group(f"q{n}")
+            assert [e.index for e in read_all(log)] == list(range(1, 41))
+
+
+def test_overwrite_reaching_into_segments(tmp_path: Path) -> None:
+    cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 31, 1))
+        m.sync()
+        assert m.wait_flushed(10)
+        assert log.segment_files()
+        log.append(entries("g", 5, 9, 2))
+        assert log.last_index() == 8
+        expected = entries("g", 1, 5, 1) + entries("g", 5, 9, 2)
+        assert read_all(log) == expected
+        m.sync()
+        assert log.durable_index() == 8
+        log.append(entries("g", 9, 30, 2))
+        m.sync()
+        assert m.wait_flushed(10)
+        expected += entries("g", 9, 30, 2)
+        assert read_all(log) == expected
+    with manager(tmp_path, cfg) as m:
+        assert read_all(m.open_group("g")) == expected
+
+
+def test_snapshot_release_and_reset_after_snapshot_install(tmp_path: Path) -> None:
+    cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 41, 1))
+        m.sync()
+        assert m.wait_flushed(10)
+        nseg = len(log.segment_files())
+        assert log.release(30) == 0  # no snapshot yet: nothing may go
+        meta = log.save_snapshot(20, 1, b"cfg", b"state@20")
+        assert log.snapshot_meta() == meta
+        deleted = log.release(smallest_live_index=12)
+        assert deleted >= 2
+        assert len(log.segment_files()) == nseg - deleted
+        assert 2 <= log.first_index() <= 12
+        assert read_all(log) == entries("g", log.first_index(), 41, 1)
+        deleted = log.release(smallest_live_index=1000)  # bound is the snapshot: 21
+        assert 12 < log.first_index() <= 21
+        with pytest.raises(CompactedError):
+            log.entries(1, 5)
+        # a follower installs a snapshot past its log: the log restarts after it
+        log.save_snapshot(100, 3, b"cfg2", b"state@100")
+        assert log.last_index() == 100 and log.term(100) == 3
+        with pytest.raises(LogGapError):
+            log.append(entries("g", 102, 103, 3))
+        log.append(entries("g", 101, 104, 3))
+        assert log.first_index() == 101 and log.last_index() == 103
+        m.sync()
+        assert log.durable_index() == 103
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        assert read_all(log) == entries("g", 101, 104, 3)
+        snap = log.latest_snapshot()
+        assert snap is not None and snap.meta.index == 100 and snap.data == b"state@100"
+        assert snap.meta.config == b"cfg2"
+
+
+def test_second_manager_on_same_directory_is_refused(tmp_path: Path) -> None:
+    with manager(tmp_path, TINY):
+        with pytest.raises(StorageError, match="in use"):
+            LogManager(tmp_path, TINY)
+
+
+def test_callbacks_may_call_back_into_the_log(tmp_path: Path) -> None:
+    seen: list[int] = []
+    box: list = []
+
+    def on_durable(group: str, index: int, term: int) -> None:
+        seen.append(box[0].durable_index())
+
+    with manager(tmp_path, StorageConfig()) as m:
+        m._on_durable = on_durable
+        log = m.open_group("g", on_durable=on_durable)
+        box.append(log)
+        log.append(entries("g", 1, 3, 1))
+        m.sync()
+        assert seen and seen[-1] == 2
