@@ -1,0 +1,370 @@
+"""The Raft group driver: one `RaftNode` over the node's shared storage.
+
+Where it sits: between the pure Raft core (`broker.raft`) and everything with
+I/O. It turns the core's `Ready` into storage writes (`GroupLog.append` /
+`set_hard_state`, group-committed by the WAL writer thread), peer messages
+(through a `send` callback, normally the peer transport) and applied commands
+(through the `apply` callback, normally a queue or metadata machine adapter).
+
+The Ready contract (broker/raft/node.py) is followed literally:
+  1. `rd.messages` are sent at once (leader appends go out in parallel with
+     the leader's own WAL write);
+  2. snapshot, entries and hard state are queued to the WAL;
+  3. `rd.persisted_messages` are sent (their preconditions are durable);
+  4. committed entries are applied in order, then `advance(rd)`;
+  5. when the WAL writer reports the writes durable (`on_durable`, hopped
+     onto the event loop), `persisted(seq)` lets the leader count its own
+     copy and releases the follower's acknowledgements.
+
+Proposals return futures resolved with the machine's reply when the entry is
+applied (so a publisher confirm is only sent once the entry is committed,
+which needs it durable on a quorum), or failed when the entry is overwritten
+by another leader's entry, or the node is not the leader.
+
+Log entries for NORMAL commands carry `[timestamp_ms, payload]` (msgpack):
+the leader's wall clock at proposal is the machine's only notion of time.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from broker import storage as st
+from broker.raft import (
+    Compacted,
+    Entry,
+    EntryKind,
+    HardState,
+    Index,
+    Membership,
+    Message,
+    NodeId,
+    NotLeader,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+    Snapshot,
+    SnapshotMeta,
+    Term,
+    Unavailable,
+)
+
+log = logging.getLogger("broker.raft_group")
+
+_ENTRY_KINDS = {k.value: k for k in EntryKind}
+
+
+def encode_membership(m: Membership) -> bytes:
+    return msgpack.packb([sorted(m.voters), sorted(m.learners)])
+
+
+def decode_membership(b: bytes) -> Membership:
+    voters, learners = msgpack.unpackb(b)
+    return Membership(frozenset(NodeId(v) for v in voters), frozenset(NodeId(n) for n in learners))
+
+
+def _raft_entry(e: st.Entry) -> Entry:
+    return Entry(Term(e.term), Index(e.index), _ENTRY_KINDS[e.kind], e.data)
+
+
+class GroupLogStorage:
+    """`broker.raft.LogStorage` over a `broker.storage.GroupLog`.
+
+    Index conventions differ: storage keeps entries below its snapshot until
+    they are released (live queue messages), Raft wants etcd's view where
+    `first_index() == snapshot index + 1`. This adapter presents Raft's view;
+    the runtime reads message bodies below the snapshot straight from the
+    GroupLog.
+    """
+
+    __slots__ = ("glog", "bootstrap")
+
+    def __init__(self, glog: st.GroupLog, bootstrap: Membership) -> None:
+        self.glog = glog
+        self.bootstrap = bootstrap
+
+    def initial_state(self) -> tuple[HardState, Membership]:
+        hs = self.glog.hard_state()
+        meta = self.glog.snapshot_meta()
+        membership = decode_membership(meta.config) if meta is not None else self.bootstrap
+        vote = NodeId(hs.voted_for) if hs.voted_for is not None else None
+        return HardState(Term(hs.term), vote, Index(hs.commit)), membership
+
+    def _snap_index(self) -> int:
+        meta = self.glog.snapshot_meta()
+        return meta.index if meta is not None else 0
+
+    def first_index(self) -> Index:
+        snap = self._snap_index()
+        return Index(max(snap + 1, self.glog.first_index()))
+
+    def last_index(self) -> Index:
+        return Index(self.glog.last_index())
+
+    def term(self, index: Index) -> Term:
+        snap = self._snap_index()
+        if index < snap:
+            raise Compacted(f"index {index} is below the snapshot at {snap}")
+        try:
+            return Term(self.glog.term(index))
+        except st.CompactedError as exc:
+            raise Compacted(str(exc)) from None
+        except st.UnavailableError as exc:
+            raise Unavailable(str(exc)) from None
+
+    def entries(self, lo: Index, hi: Index, max_bytes: int | None) -> list[Entry]:
+        snap = self._snap_index()
+        if lo <= snap:
+            raise Compacted(f"entries from {lo} are below the snapshot at {snap}")
+        try:
+            return [_raft_entry(e) for e in self.glog.entries(lo, hi, max_bytes)]
+        except st.CompactedError as exc:
+            raise Compacted(str(exc)) from None
+        except st.UnavailableError as exc:
+            raise Unavailable(str(exc)) from None
+
+    def snapshot(self) -> Snapshot:
+        snap = self.glog.latest_snapshot()
+        if snap is None:
+            return Snapshot(SnapshotMeta(Index(0), Term(0), self.bootstrap), b"")
+        m = snap.meta
+        return Snapshot(SnapshotMeta(Index(m.index), Term(m.term), decode_membership(m.config)), snap.data)
+
+
+@dataclass(slots=True)
+class _PendingWrite:
+    seq: int
+    last_index: int  # 0: no entries in this Ready
+    hs: st.HardState | None
+
+
+def _hs_covers(durable: st.HardState, hs: st.HardState) -> bool:
+    """Is `hs` durable, given the latest durable hard state? Hard states only
+    move forward (term up; within a term the vote is fixed and commit grows)."""
+    if durable.term != hs.term:
+        return durable.term > hs.term
+    return durable.voted_for == hs.voted_for and durable.commit >= hs.commit
+
+
+class ProposalFailed(Exception):
+    """The proposal will not be applied: overwritten by another leader's entry,
+    or the group stopped."""
+
+
+ApplyFn = Callable[[int, int, int, Any], Any]
+"""apply(index, term, timestamp_ms, payload) -> reply (NORMAL entries only)."""
+
+
+class RaftGroup:
+    """One member of one Raft group on this node."""
+
+    def __init__(
+        self,
+        group_id: str,
+        node_id: str,
+        glog: st.GroupLog,
+        members: Membership,
+        apply: ApplyFn,
+        send: Callable[[str, Message], None],
+        *,
+        raft_config: RaftConfig | None = None,
+        rng: random.Random | None = None,
+        on_role_change: Callable[[Role, NodeId | None], None] | None = None,
+        on_snapshot: Callable[[bytes], None] | None = None,
+        clock_ms: Callable[[], int] | None = None,
+        applied: int = 0,
+    ) -> None:
+        self.group_id = group_id
+        self.node_id = NodeId(node_id)
+        self.glog = glog
+        self._apply = apply
+        self._send = send
+        self._on_role_change = on_role_change
+        self._on_snapshot = on_snapshot
+        self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        cfg = raft_config or RaftConfig()
+        if cfg.group != group_id:
+            cfg = RaftConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "group": group_id})
+        self.storage = GroupLogStorage(glog, members)
+        self.node = RaftNode(node_id, self.storage, cfg, rng or random.Random(), applied=applied)
+        self._loop = asyncio.get_running_loop()
+        self._scheduled = False
+        self._pending_writes: deque[_PendingWrite] = deque()
+        # (index -> (term, future)): resolved when that index is applied.
+        self._waiters: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        self.stopped: BaseException | None = None
+        self.role = Role.FOLLOWER
+        self.leader: NodeId | None = None
+        self.applied_index = applied
+        self.last_applied_ms = 0
+
+    # ------------------------------------------------------------ inputs
+    def tick(self) -> None:
+        if self.stopped is None:
+            self.node.tick()
+            self._kick()
+
+    def step(self, msg: Message) -> None:
+        if self.stopped is None:
+            self.node.step(msg)
+            self._kick()
+
+    def campaign(self) -> None:
+        self.node.campaign()
+        self._kick()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def propose(self, payload: Any) -> asyncio.Future[Any]:
+        """Propose a command; the future gets the machine's reply once applied.
+        Raises NotLeader(leader) at once on a follower."""
+        if self.stopped is not None:
+            raise ProposalFailed(f"group {self.group_id} stopped: {self.stopped}")
+        data = msgpack.packb([self._clock_ms(), payload], use_bin_type=True)
+        index = self.node.propose(data)
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._waiters[index] = (self.node.term, fut)
+        self._kick()
+        return fut
+
+    def propose_nowait(self, payload: Any) -> int:
+        """Propose without waiting for the reply (the effects carry the result)."""
+        data = msgpack.packb([self._clock_ms(), payload], use_bin_type=True)
+        index = self.node.propose(data)
+        self._kick()
+        return index
+
+    # ------------------------------------------------------------ the Ready loop
+    def _kick(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._process)
+
+    def _process(self) -> None:
+        self._scheduled = False
+        node = self.node
+        try:
+            while self.stopped is None and node.has_ready():
+                self._handle_ready(node.ready())
+        except st.StorageError as exc:
+            self._stop(exc)
+
+    def _handle_ready(self, rd: Ready) -> None:
+        if rd.soft_state is not None:
+            self.role = rd.soft_state.role
+            self.leader = rd.soft_state.leader
+            if self._on_role_change is not None:
+                self._on_role_change(self.role, self.leader)
+        send = self._send
+        for m in rd.messages:
+            send(m.dst, m)
+        persist_now = False
+        if rd.must_persist:
+            glog = self.glog
+            hs = None
+            if rd.snapshot is not None:  # synchronous: save_snapshot fsyncs
+                sm = rd.snapshot.meta
+                glog.save_snapshot(sm.index, sm.term, encode_membership(sm.config), rd.snapshot.data)
+            if rd.entries:
+                glog.append(rd.entries)  # raft Entry has the fields storage needs
+            if rd.hard_state is not None:
+                h = rd.hard_state
+                hs = st.HardState(h.term, h.vote, h.commit)
+                glog.set_hard_state(hs)
+            last = rd.entries[-1].index if rd.entries else 0
+            if last or hs is not None:
+                self._pending_writes.append(_PendingWrite(rd.seq, last, hs))
+            elif not self._pending_writes:
+                persist_now = True  # snapshot only, nothing earlier outstanding
+            else:
+                self._pending_writes.append(_PendingWrite(rd.seq, 0, None))
+        for m in rd.persisted_messages:
+            send(m.dst, m)
+        if rd.snapshot is not None and self._on_snapshot is not None:
+            self._on_snapshot(rd.snapshot.data)
+            self.applied_index = rd.snapshot.meta.index
+        for e in rd.committed_entries:
+            self._apply_entry(e)
+        self.node.advance(rd)
+        if persist_now:
+            self.node.persisted(rd.seq)
+
+    def _apply_entry(self, e: Entry) -> None:
+        waiter = self._waiters.pop(e.index, None)
+        reply: Any = None
+        if e.kind is EntryKind.NORMAL:
+            ts, payload = msgpack.unpackb(e.data, raw=False, strict_map_key=False)
+            self.last_applied_ms = ts
+            reply = self._apply(e.index, e.term, ts, payload)
+        self.applied_index = e.index
+        if waiter is not None:
+            term, fut = waiter
+            if fut.done():
+                return
+            if term == e.term:
+                fut.set_result(reply)
+            else:
+                fut.set_exception(ProposalFailed(f"entry {e.index} was replaced by a new leader"))
+
+    # ------------------------------------------------------------ durability
+    def on_durable(self) -> None:
+        """Called on the loop after the WAL writer made some of our writes durable."""
+        if self.stopped is not None or not self._pending_writes:
+            return
+        d_idx = self.glog.durable_index()
+        d_hs = self.glog.durable_hard_state()
+        pending = self._pending_writes
+        best = -1
+        # WAL writes are FIFO: once a later write is durable, all earlier are.
+        # Entries (0, None) wrote nothing to the WAL and are no evidence.
+        for k in range(len(pending) - 1, -1, -1):
+            pw = pending[k]
+            if pw.last_index == 0 and pw.hs is None:
+                continue
+            if (pw.last_index <= d_idx) and (pw.hs is None or _hs_covers(d_hs, pw.hs)):
+                best = k
+                break
+        if best < 0:
+            return
+        # Following entries that wrote nothing are durable as soon as these are.
+        while best + 1 < len(pending) and pending[best + 1].last_index == 0 and pending[best + 1].hs is None:
+            best += 1
+        seq = pending[best].seq
+        for _ in range(best + 1):
+            pending.popleft()
+        self.node.persisted(seq)
+        self._kick()
+
+    def on_storage_error(self, exc: BaseException) -> None:
+        log.error("group %s: storage error: %s", self.group_id, exc)
+        self._stop(exc)
+
+    def _stop(self, exc: BaseException) -> None:
+        """A broken invariant or a storage failure stops this group, not the node."""
+        if self.stopped is None:
+            self.stopped = exc
+            for _term, fut in self._waiters.values():
+                if not fut.done():
+                    fut.set_exception(ProposalFailed(f"group {self.group_id} stopped: {exc}"))
+            self._waiters.clear()
+
+    def fail_waiters(self, reason: str) -> None:
+        for _term, fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(ProposalFailed(reason))
+        self._waiters.clear()
+
+
+__all__ = ["GroupLogStorage", "NotLeader", "ProposalFailed", "RaftGroup", "decode_membership",
+           "encode_membership"]
