@@ -1,0 +1,401 @@
+"""AMQP 0-9-1 frame codec: a struct-based fast path plus pamqp for everything else.
+
+Pipeline position: bytes <-> frames. `connection.ServerConnection` splits the
+byte stream into frames and calls these functions; nothing here keeps state
+except a bounded cache of re-encoded properties.
+
+Fast path (hand-written, precompiled `struct.Struct`s, no per-message objects
+beyond the result): incoming basic.publish, content header, basic.ack /
+basic.nack / basic.reject; outgoing basic.deliver, basic.get-ok,
+basic.return, basic.ack, basic.nack, content header + body frames. Every
+other method goes through pamqp (`encode_method` / `decode_method`), after
+`method_args_end` has checked that the arguments are neither truncated nor
+followed by stray bytes (pamqp silently accepts both).
+
+Message properties travel as the publisher's raw bytes ("properties_raw":
+property flags + values, exactly as they appeared in the content header) and
+are written back unchanged on delivery; see `tables` for byte-exact splicing.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final
+
+from pamqp import base as pamqp_base
+from pamqp import commands as pamqp_commands
+from pamqp import decode as pamqp_decode
+
+from .errors import FrameDecodeError
+from .tables import EMPTY_PROPERTIES, long_long_value, set_header_raw, skip_table
+
+FRAME_METHOD: Final = 1
+FRAME_HEADER: Final = 2
+FRAME_BODY: Final = 3
+FRAME_HEARTBEAT: Final = 8
+FRAME_END: Final = 0xCE
+FRAME_END_BYTE: Final = b"\xce"
+FRAME_OVERHEAD: Final = 8  # 7-byte frame header + frame-end octet
+FRAME_MIN_SIZE: Final = 4096
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+
+BASIC_CLASS: Final = 60
+# (class_id << 16) | method_id of the fast-path methods
+PUBLISH_ID: Final = 0x003C0028
+DELIVER_ID: Final = 0x003C003C
+GET_OK_ID: Final = 0x003C0047
+RETURN_ID: Final = 0x003C0032
+ACK_ID: Final = 0x003C0050
+NACK_ID: Final = 0x003C0078
+REJECT_ID: Final = 0x003C005A
+
+FRAME_HDR: Final = struct.Struct(">BHI")
+_U32: Final = struct.Struct(">I")
+_U16: Final = struct.Struct(">H")
+_HDR_FIXED: Final = struct.Struct(">HHQ")  # class-id, weight, body-size
+_PUBLISH_TICKET: Final = struct.Struct(">IH")  # method id + ticket
+_ACK_ARGS: Final = struct.Struct(">QB")  # delivery-tag + bits
+_DELIVER_MID: Final = struct.Struct(">QB")  # delivery-tag + redelivered bit
+_GET_OK_TAIL: Final = struct.Struct(">I")  # message-count
+_RETURN_HEAD: Final = struct.Struct(">IH")  # method id + reply-code
+_METHOD_FRAME_HEAD: Final = struct.Struct(">BHII")  # type, channel, size, method id
+
+HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+_DELIVER_ID_BYTES: Final = _U32.pack(DELIVER_ID)
+_GET_OK_ID_BYTES: Final = _U32.pack(GET_OK_ID)
+_ACK_ID_BYTES: Final = _U32.pack(ACK_ID)
+_NACK_ID_BYTES: Final = _U32.pack(NACK_ID)
+
+
+def _shortstr(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    if len(raw) > 255:
+        raise ValueError(f"shortstr longer than 255 bytes: {value[:40]!r}...")
+    return bytes((len(raw),)) + raw
+
+
+# ---------------------------------------------------------------------------
+# Incoming fast path
+
+
+def decode_publish(payload: bytes | memoryview) -> tuple[str, str, bool, bool]:
+    """Decode basic.publish arguments (payload includes the 4-byte method id).
+
+    Returns (exchange, routing_key, mandatory, immediate).
+    """
+    n = len(payload)
+    pos = 6  # method id + ticket
+    if n < 9:
+        raise FrameDecodeError("basic.publish truncated")
+    elen = payload[pos]
+    pos += 1
+    exchange_b = bytes(payload[pos : pos + elen])
+    pos += elen
+    if pos >= n:
+        raise FrameDecodeError("basic.publish truncated")
+    rlen = payload[pos]
+    pos += 1
+    routing_b = bytes(payload[pos : pos + rlen])
+    pos += rlen
+    if pos + 1 != n:
+        raise FrameDecodeError("basic.publish truncated" if pos >= n else "trailing bytes")
+    bits = payload[pos]
+    try:
+        return exchange_b.decode("utf-8"), routing_b.decode("utf-8"), bool(bits & 1), bool(bits & 2)
+    except UnicodeDecodeError as exc:
+        raise FrameDecodeError("shortstr is not valid UTF-8") from exc
+
+
+def decode_ack(payload: bytes | memoryview) -> tuple[int, int]:
+    """Decode basic.ack / basic.nack / basic.reject args: (delivery_tag, bits)."""
+    if len(payload) != 13:
+        raise FrameDecodeError("basic.ack/nack/reject has the wrong length")
+    tag, bits = _ACK_ARGS.unpack_from(payload, 4)
+    return int(tag), int(bits)
+
+
+def decode_content_header(payload: bytes | memoryview) -> tuple[int, int, int, bytes]:
+    """Split a content-header payload: (class_id, weight, body_size, properties_raw).
+
+    The properties are NOT validated here (see `tables.validate_properties`).
+    """
+    if len(payload) < 14:
+        raise FrameDecodeError("content header truncated")
+    class_id, weight, body_size = _HDR_FIXED.unpack_from(payload, 0)
+    return class_id, weight, body_size, bytes(payload[12:])
+
+
+# ---------------------------------------------------------------------------
+# Outgoing fast path
+
+
+def encode_content(channel: int, properties_raw: bytes, body: bytes, frame_max: int) -> list[bytes]:
+    """Content header frame + body frames (split so no frame exceeds frame_max;
+    frame_max 0 means unlimited), as a list of byte strings to be joined."""
+    out = [
+        FRAME_HDR.pack(FRAME_HEADER, channel, 12 + len(properties_raw)),
+        _HDR_FIXED.pack(BASIC_CLASS, 0, len(body)),
+        properties_raw,
+        FRAME_END_BYTE,
+    ]
+    size = len(body)
+    if not size:
+        return out
+    chunk = frame_max - FRAME_OVERHEAD if frame_max else size
+    if size <= chunk:
+        out += (FRAME_HDR.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE)
+        return out
+    view = memoryview(body)
+    for start in range(0, size, chunk):
+        piece = view[start : start + chunk]
+        out += (FRAME_HDR.pack(FRAME_BODY, channel, len(piece)), piece.tobytes(), FRAME_END_BYTE)
+    return out
+
+
+def _method_frame(channel: int, args: list[bytes]) -> list[bytes]:
+    size = sum(len(a) for a in args)
+    return [FRAME_HDR.pack(FRAME_METHOD, channel, size), *args, FRAME_END_BYTE]
+
+
+def encode_deliver(
+    channel: int,
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    properties_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.deliver + content header + body frames, byte-identical to pamqp's."""
+    args = [
+        _DELIVER_ID_BYTES,
+        _shortstr(consumer_tag),
+        _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0),
+        _shortstr(exchange),
+        _shortstr(routing_key),
+    ]
+    return b"".join(_method_frame(channel, args) + encode_content(channel, properties_raw, body, frame_max))
+
+
+def encode_get_ok(
+    channel: int,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    message_count: int,
+    properties_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.get-ok + content header + body frames."""
+    args = [
+        _GET_OK_ID_BYTES,
+        _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0),
+        _shortstr(exchange),
+        _shortstr(routing_key),
+        _GET_OK_TAIL.pack(message_count),
+    ]
+    return b"".join(_method_frame(channel, args) + encode_content(channel, properties_raw, body, frame_max))
+
+
+def encode_return(
+    channel: int,
+    reply_code: int,
+    reply_text: str,
+    exchange: str,
+    routing_key: str,
+    properties_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> bytes:
+    """basic.return + content header + body frames (mandatory publish that was not routed)."""
+    args = [
+        _RETURN_HEAD.pack(RETURN_ID, reply_code),
+        _shortstr(reply_text),
+        _shortstr(exchange),
+        _shortstr(routing_key),
+    ]
+    return b"".join(_method_frame(channel, args) + encode_content(channel, properties_raw, body, frame_max))
+
+
+_ACK_FRAME: Final = struct.Struct(">BHIIQBB")  # whole basic.ack/nack frame
+
+
+def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """basic.ack frame (publisher confirm)."""
+    return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, ACK_ID, delivery_tag, 1 if multiple else 0, FRAME_END)
+
+
+def encode_nack(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
+    """basic.nack frame (negative publisher confirm)."""
+    bits = (1 if multiple else 0) | (2 if requeue else 0)
+    return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, NACK_ID, delivery_tag, bits, FRAME_END)
+
+
+# ---------------------------------------------------------------------------
+# Generic path (pamqp)
+
+
+def encode_method(channel: int, method: pamqp_base.Frame) -> bytes:
+    """Any pamqp method as one method frame."""
+    payload = _U32.pack(method.index) + method.marshal()
+    return b"".join((FRAME_HDR.pack(FRAME_METHOD, channel, len(payload)), payload, FRAME_END_BYTE))
+
+
+def method_class(method_id: int) -> type[pamqp_base.Frame] | None:
+    """The pamqp class for a (class_id << 16 | method_id), or None if unknown."""
+    return pamqp_commands.INDEX_MAPPING.get(method_id)
+
+
+_SIZES: Final = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+_PLANS: dict[int, tuple[str, ...]] = {}
+
+
+def _plan(cls: type[pamqp_base.Frame]) -> tuple[str, ...]:
+    plan = _PLANS.get(cls.index)
+    if plan is None:
+        plan = tuple(cls.amqp_type(a) for a in cls.__slots__)
+        _PLANS[cls.index] = plan
+    return plan
+
+
+def method_args_end(cls: type[pamqp_base.Frame], payload: bytes | memoryview, pos: int = 4) -> int:
+    """Walk the argument types of `cls` over `payload[pos:]`; return the end offset.
+
+    Raises FrameDecodeError if an argument runs past the payload.
+    """
+    n = len(payload)
+    in_bits = 0
+    for kind in _plan(cls):
+        if kind == "bit":
+            if in_bits == 0 or in_bits == 8:
+                pos += 1
+                in_bits = 0
+            in_bits += 1
+            continue
+        in_bits = 0
+        size = _SIZES.get(kind)
+        if size is not None:
+            pos += size
+        elif kind == "shortstr":
+            if pos >= n:
+                raise FrameDecodeError("shortstr truncated")
+            pos += 1 + payload[pos]
+        elif kind == "longstr":
+            if pos + 4 > n:
+                raise FrameDecodeError("longstr truncated")
+            pos += 4 + _U32.unpack_from(payload, pos)[0]
+        elif kind == "table":
+            pos = skip_table(payload, pos, n)
+        else:  # pragma: no cover - every AMQP 0-9-1 type is listed above
+            raise FrameDecodeError(f"unsupported argument type {kind}")
+        if pos > n:
+            raise FrameDecodeError(f"{kind} truncated")
+    if pos > n:
+        raise FrameDecodeError("bit field truncated")
+    return pos
+
+
+def decode_method(payload: bytes | memoryview) -> pamqp_base.Frame:
+    """Decode a method frame payload (4-byte method id + arguments) with pamqp.
+
+    Raises FrameDecodeError for unknown methods, truncated arguments, trailing
+    bytes, or values pamqp cannot decode (e.g. a shortstr that is not UTF-8).
+    """
+    if len(payload) < 4:
+        raise FrameDecodeError("method frame shorter than its method id")
+    mid = _U32.unpack_from(payload, 0)[0]
+    cls = pamqp_commands.INDEX_MAPPING.get(mid)
+    if cls is None:
+        raise FrameDecodeError(f"unknown method {mid >> 16}.{mid & 0xFFFF}")
+    end = method_args_end(cls, payload)
+    if end != len(payload):
+        raise FrameDecodeError("trailing bytes after method arguments")
+    method = cls.__new__(cls)
+    try:
+        method.unmarshal(bytes(payload[4:]))
+    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
+        raise FrameDecodeError(f"cannot decode {cls.name}: {exc}") from exc
+    return method
+
+
+# ---------------------------------------------------------------------------
+# Properties
+
+
+def decode_properties(properties_raw: bytes) -> pamqp_commands.Basic.Properties:
+    """Decode raw properties (flags + values) into pamqp's Basic.Properties."""
+    props = pamqp_commands.Basic.Properties.__new__(pamqp_commands.Basic.Properties)
+    for name in pamqp_commands.Basic.Properties.__slots__:
+        setattr(props, name, None)
+    props.cluster_id = ""
+    if len(properties_raw) < 2:
+        raise FrameDecodeError("content header property flags truncated")
+    flags = 0
+    pos = 0
+    shift = 0
+    while True:
+        if pos + 2 > len(properties_raw):
+            raise FrameDecodeError("content header property flags truncated")
+        word = _U16.unpack_from(properties_raw, pos)[0]
+        pos += 2
+        flags |= word << shift
+        shift += 16
+        if not word & 1:
+            break
+    try:
+        props.unmarshal(flags, properties_raw[pos:])
+    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
+        raise FrameDecodeError(f"cannot decode content properties: {exc}") from exc
+    return props
+
+
+def encode_properties(props: pamqp_commands.Basic.Properties | None) -> bytes:
+    """Encode pamqp Basic.Properties (None -> no properties) to raw bytes."""
+    if props is None:
+        return EMPTY_PROPERTIES
+    raw: bytes = props.marshal()
+    return raw
+
+
+class PropertiesCache:
+    """Bounded memo of properties re-encoded with an ``x-delivery-count`` header.
+
+    Redeliveries of messages published with identical properties (the common
+    case: one publisher, fixed properties) reuse the same re-encoded bytes.
+    Invariant: at most `capacity` entries; the oldest entry is evicted first.
+    """
+
+    __slots__ = ("capacity", "_entries")
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._entries: dict[tuple[bytes, int], bytes] = {}
+
+    def with_delivery_count(self, properties_raw: bytes, count: int) -> bytes:
+        key = (properties_raw, count)
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit
+        out = set_header_raw(properties_raw, "x-delivery-count", long_long_value(count))
+        if len(self._entries) >= self.capacity:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = out
+        return out
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def decode_table(raw: bytes) -> dict[str, Any]:
+    """Decode a length-prefixed field table with pamqp (e.g. client properties)."""
+    skip_table(raw, 0, len(raw))
+    try:
+        _n, value = pamqp_decode.field_table(raw)
+    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
+        raise FrameDecodeError(f"cannot decode field table: {exc}") from exc
+    return dict(value)
