@@ -248,7 +248,8 @@ def encode_method(channel: int, method: pamqp_base.Frame) -> bytes:
 
 def method_class(method_id: int) -> type[pamqp_base.Frame] | None:
     """The pamqp class for a (class_id << 16 | method_id), or None if unknown."""
-    return pamqp_commands.INDEX_MAPPING.get(method_id)
+    cls: type[pamqp_base.Frame] | None = pamqp_commands.INDEX_MAPPING.get(method_id)
+    return cls
 
 
 _SIZES: Final = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
@@ -309,13 +310,13 @@ def decode_method(payload: bytes | memoryview) -> pamqp_base.Frame:
     if len(payload) < 4:
         raise FrameDecodeError("method frame shorter than its method id")
     mid = _U32.unpack_from(payload, 0)[0]
-    cls = pamqp_commands.INDEX_MAPPING.get(mid)
+    cls = method_class(mid)
     if cls is None:
         raise FrameDecodeError(f"unknown method {mid >> 16}.{mid & 0xFFFF}")
     end = method_args_end(cls, payload)
     if end != len(payload):
         raise FrameDecodeError("trailing bytes after method arguments")
-    method = cls.__new__(cls)
+    method: pamqp_base.Frame = cls.__new__(cls)
     try:
         method.unmarshal(bytes(payload[4:]))
     except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:

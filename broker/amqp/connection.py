@@ -630,7 +630,9 @@ class ServerConnection:
             del self._channels[channel]
             self._emit(codec.encode_method(channel, C.Channel.CloseOk()))
             self._events.append(
-                ChannelClose(channel, method.reply_code, method.reply_text, method.class_id, method.method_id)
+                ChannelClose(
+                    channel, method.reply_code or 0, method.reply_text or "", method.class_id or 0, method.method_id or 0
+                )
             )
         elif mid == CHANNEL_OPEN_ID:
             raise AMQPConnectionError(ReplyCode.CHANNEL_ERROR, "second 'channel.open' seen", class_id, method_id)
@@ -723,7 +725,9 @@ class ServerConnection:
         self._emit(codec.encode_method(0, C.Connection.CloseOk()))
         self._set_closed()
         self._events.append(
-            ConnectionClose(method.reply_code, method.reply_text, method.class_id, method.method_id)
+            ConnectionClose(
+                method.reply_code or 0, method.reply_text or "", method.class_id or 0, method.method_id or 0
+            )
         )
 
     def _set_closed(self) -> None:

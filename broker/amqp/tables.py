@@ -73,7 +73,7 @@ def skip_value(data: bytes | memoryview, pos: int, end: int, depth: int = 0) -> 
     elif tag in _LONG_STR:
         if pos + 4 > end:
             raise FrameDecodeError("long string length truncated")
-        pos += 4 + _U32.unpack_from(data, pos)[0]
+        pos += 4 + int(_U32.unpack_from(data, pos)[0])
     elif tag == _TABLE:
         pos = skip_table(data, pos, end, depth + 1)
     elif tag == _ARRAY:
@@ -91,7 +91,7 @@ def skip_table(data: bytes | memoryview, pos: int, end: int, depth: int = 0) -> 
         raise FrameDecodeError("field table nested too deeply")
     if pos + 4 > end:
         raise FrameDecodeError("field table length truncated")
-    stop = pos + 4 + _U32.unpack_from(data, pos)[0]
+    stop: int = pos + 4 + int(_U32.unpack_from(data, pos)[0])
     if stop > end:
         raise FrameDecodeError("field table length exceeds available data")
     pos += 4
@@ -109,7 +109,7 @@ def skip_array(data: bytes | memoryview, pos: int, end: int, depth: int = 0) -> 
         raise FrameDecodeError("field array nested too deeply")
     if pos + 4 > end:
         raise FrameDecodeError("field array length truncated")
-    stop = pos + 4 + _U32.unpack_from(data, pos)[0]
+    stop: int = pos + 4 + int(_U32.unpack_from(data, pos)[0])
     if stop > end:
         raise FrameDecodeError("field array length exceeds available data")
     pos += 4

@@ -73,6 +73,14 @@ def parse_frames(data: bytes) -> list[tuple[int, Any]]:
     return out
 
 
+def one(frames: list[tuple[int, Any]], channel: int) -> Any:
+    """The single frame in `frames`, checking it is on `channel`."""
+    assert len(frames) == 1, frames
+    ch, f = frames[0]
+    assert ch == channel, (ch, channel)
+    return f
+
+
 def feed(conn: ServerConnection, data: bytes, chunk: int = 1) -> list[Any]:
     """Feed `data` in `chunk`-sized pieces, draining events after each piece."""
     events: list[Any] = []
