@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol
 
 from broker.raft.errors import (
@@ -172,6 +173,7 @@ class _SnapRecv:
         self.next_offset = 0
 
 
+_kind_of = attrgetter("kind")
 _NORMAL = EntryKind.NORMAL
 _CONFIG = EntryKind.CONFIG
 _REPLICATE = ProgressState.REPLICATE
@@ -828,9 +830,11 @@ class RaftNode:
             return []
         first = self.log.last_index() + 1
         t = Term(self.term)
-        self.log.append([Entry(t, Index(first + k), _NORMAL, d) for k, d in enumerate(datas)])
+        # Hot path: no per-entry NewType calls (they are Python-level calls).
+        idxs: range = range(first, first + len(datas))
+        self.log.append([Entry(t, i, _NORMAL, d) for i, d in zip(idxs, datas, strict=True)])  # type: ignore[arg-type]
         self._bcast_append()
-        return [Index(first + k) for k in range(len(datas))]
+        return list(idxs)  # type: ignore[arg-type]
 
     def propose_conf_change(self, cc: ConfChange) -> Index:
         """Propose a single-server membership change; it takes effect when
@@ -895,9 +899,8 @@ class RaftNode:
         pc = self._pending_confs
         while pc and pc[-1] >= first:
             pc.pop()  # truncated away by this append
-        for e in ents:
-            if e.kind is _CONFIG:
-                pc.append(e.index)
+        if _CONFIG in map(_kind_of, ents):  # C-speed scan; config entries are rare
+            pc.extend(e.index for e in ents if e.kind is _CONFIG)
 
     def _after_commit_change(self) -> None:
         pc = self._pending_confs

@@ -14,11 +14,13 @@ Index conventions (as etcd's Storage): storage holds a snapshot at
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Protocol
 
 from broker.raft.errors import Compacted, InvariantViolation, RaftUsageError, Unavailable
 from broker.raft.types import (
     EMPTY_HARD_STATE,
+    ENTRY_OVERHEAD,
     Entry,
     EntryKind,
     HardState,
@@ -61,12 +63,18 @@ def limit_size(ents: list[Entry], max_bytes: int | None) -> list[Entry]:
     """Prefix of ents whose total entry_size stays within max_bytes (>= 1 entry)."""
     if max_bytes is None or not ents:
         return ents
+    # Fast path (C-level loop): everything fits.
+    if sum(map(len, map(_data_of, ents))) + ENTRY_OVERHEAD * len(ents) <= max_bytes:
+        return ents
     total = 0
     for i, e in enumerate(ents):
-        total += len(e.data) + 24
+        total += len(e.data) + ENTRY_OVERHEAD
         if total > max_bytes and i > 0:
             return ents[:i]
     return ents
+
+
+_data_of = attrgetter("data")
 
 
 class MemoryStorage:
