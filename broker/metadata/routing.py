@@ -60,13 +60,14 @@ def _targets(bindings: list[Binding]) -> Targets:
 
 
 class _TopicNode:
-    __slots__ = ("children", "star", "hash", "bindings")
+    __slots__ = ("children", "star", "hash", "bindings", "targets")
 
     def __init__(self) -> None:
         self.children: dict[str, _TopicNode] = {}
         self.star: _TopicNode | None = None
         self.hash: _TopicNode | None = None
         self.bindings: list[Binding] = []
+        self.targets: Targets = _NOTHING  # of `bindings`, precomputed
 
 
 def split_words(key: str) -> list[str]:
@@ -75,13 +76,17 @@ def split_words(key: str) -> list[str]:
 
 
 class TopicTrie:
-    """Binding keys compiled into a trie over words."""
+    """Binding keys compiled into a trie over words. Matching visits at most
+    one node per (trie node, word position), so it is O(words) for patterns
+    without ``#`` and O(words^2) in the worst case with them, independent of
+    the number of bindings; results are memoised per routing key."""
 
     __slots__ = ("root", "memo")
 
     def __init__(self, bindings: list[Binding]) -> None:
         self.root = _TopicNode()
         self.memo: dict[str, Targets] = {}
+        terminals: dict[int, _TopicNode] = {}
         for b in bindings:
             node = self.root
             for w in split_words(b.routing_key):
@@ -97,6 +102,9 @@ class TopicTrie:
                         nxt = node.children[w] = _TopicNode()
                     node = nxt
             node.bindings.append(b)
+            terminals[id(node)] = node
+        for node in terminals.values():
+            node.targets = _targets(node.bindings)
 
     def match(self, routing_key: str) -> Targets:
         hit = self.memo.get(routing_key)
@@ -107,26 +115,35 @@ class TopicTrie:
         found: dict[int, _TopicNode] = {}
         seen: set[tuple[int, int]] = set()
         stack: list[tuple[_TopicNode, int]] = [(self.root, 0)]
+        pop, push = stack.pop, stack.append
         while stack:
-            node, i = stack.pop()
-            key = (id(node), i)
-            if key in seen:
-                continue
-            seen.add(key)
-            if i == n and node.bindings:
-                found[id(node)] = node
-            if node.hash is not None:
-                # '#' swallows words i..j-1 for every j in i..n
-                h = node.hash
-                for j in range(i, n + 1):
-                    stack.append((h, j))
-            if i < n:
+            node, i = pop()
+            if i == n:
+                if node.bindings:
+                    found[id(node)] = node
+            else:
                 nxt = node.children.get(words[i])
                 if nxt is not None:
-                    stack.append((nxt, i + 1))
+                    push((nxt, i + 1))
                 if node.star is not None:
-                    stack.append((node.star, i + 1))
-        result = _targets([b for node in found.values() for b in node.bindings])
+                    push((node.star, i + 1))
+            h = node.hash
+            if h is not None:
+                # '#' swallows words i..j-1 for every j in i..n; the same
+                # (node, position) can be reached twice only through '#'.
+                hid = id(h)
+                for j in range(i, n + 1):
+                    if (hid, j) not in seen:
+                        seen.add((hid, j))
+                        push((h, j))
+        if not found:
+            result = _NOTHING
+        elif len(found) == 1:
+            result = next(iter(found.values())).targets
+        else:
+            qs = frozenset().union(*(nd.targets[0] for nd in found.values()))
+            xs = tuple(dict.fromkeys(x for nd in found.values() for x in nd.targets[1]))
+            result = (qs, xs)
         if len(self.memo) >= TOPIC_MEMO_LIMIT:
             self.memo.clear()
         self.memo[routing_key] = result
