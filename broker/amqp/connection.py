@@ -269,6 +269,7 @@ class ServerConnection:
         self._channels: dict[int, _Channel] = {}
         self._buf = bytearray()
         self._pos = 0  # Invariant: bytes before _pos in _buf are consumed
+        self._skip = 0  # bytes of a refused oversized frame still to discard
         self._max_payload = self.config.frame_max - FRAME_OVERHEAD
         self._events: deque[Event] = deque()
         self._outbox: list[bytes] = []
@@ -323,11 +324,19 @@ class ServerConnection:
                 self._pos = pos + 8
                 self._on_protocol_header(bytes(buf[pos : pos + 8]))
                 return True
+            if self._skip:
+                # Still inside an oversized frame we refused: drop its bytes so the
+                # stream stays in sync and the client's close-ok can be read.
+                n = min(self._skip, avail)
+                self._skip -= n
+                self._pos = pos + n
+                return n > 0
             if avail < 7:
                 return False
             ftype, channel, size = FRAME_HDR.unpack_from(buf, pos)
             if size > self._max_payload:
-                self._pos = len(buf)
+                self._pos = pos + 7
+                self._skip = size + 1
                 raise _frame_error(ftype, b"", f"{{frame_too_large,{size},{self._max_payload}}}")
             end = pos + 7 + size
             if len(buf) <= end:
