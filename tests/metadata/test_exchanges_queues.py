@@ -136,6 +136,8 @@ VERIFIED: list[tuple[str, Any, int, str]] = [
      "PRECONDITION_FAILED - Cannot declare a server-named queue for type rabbit_quorum_queue"),
     ("unsupported type", Q("q3", arguments={"x-queue-type": "foo"}), 406,
      "PRECONDITION_FAILED - invalid arg 'x-queue-type' for queue 'q3' in vhost '/': \"unsupported queue type 'foo'\""),
+    ("amq.gen by name", Q("amq.gen-foo"), 403,
+     "ACCESS_REFUSED - queue name 'amq.gen-foo' contains reserved prefix 'amq.*'"),
     ("passive missing q", DeclareQueue("/", "nope", passive=True), 404,
      "NOT_FOUND - no queue 'nope' in vhost '/'"),
     ("bind missing x", Bind("/", "nope", "q1", routing_key="rk"), 404,
@@ -203,6 +205,22 @@ def test_in_use_and_not_empty(d: Driver) -> None:
     assert reply.record.name == "q1"
 
 
+def test_server_named_queue_redeclared_by_name_is_refused() -> None:
+    d = Driver()
+    d.ok(DeclareQueue("/", "amq.gen-1", durable=False, exclusive_owner="c1", server_named=True, members=N[:1]))
+    # verified: even the owner cannot redeclare it by name (it is no longer server-named)
+    err = d.err(DeclareQueue("/", "amq.gen-1", durable=False, exclusive_owner="c1", members=N[:1]))
+    assert err.reply_text == "ACCESS_REFUSED - queue name 'amq.gen-1' contains reserved prefix 'amq.*'"
+    d.ok(DeclareQueue("/", "amq.gen-1", passive=True, exclusive_owner="c1"))
+
+
+def test_unknown_command_is_a_bug() -> None:
+    from broker.metadata import CommandMeta, apply
+
+    with pytest.raises(InvalidCommand):
+        apply(CommandMeta(1, 1), object(), Driver().state)  # type: ignore[arg-type]
+
+
 def test_declare_records_and_effects() -> None:
     d = Driver()
     reply = d.ok(DeclareQueue("/", "qq", arguments=QQ, members=N, leader="n2"))
@@ -244,15 +262,23 @@ def test_vhost_default_queue_type() -> None:
     assert d.err(AddVhost("w", default_queue_type="stream")).code == 406  # type: ignore[arg-type]
 
 
+LOCKED = (
+    "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue 'ex' in vhost '/'. It could "
+    "be originally declared on another connection or the exclusive property value does not match "
+    "that of the original declaration."
+)
+
+
 def test_exclusive_queue_access() -> None:
     d = Driver()
     d.ok(DeclareQueue("/", "ex", durable=False, exclusive_owner="c1", members=N[:1]))
-    assert d.err(DeclareQueue("/", "ex", passive=True, exclusive_owner="c2")).code == 405
-    assert d.err(DeclareQueue("/", "ex", passive=True)).code == 405
+    # verified: passive declare, bind and delete from another connection
+    assert d.err(DeclareQueue("/", "ex", passive=True, exclusive_owner="c2")).reply_text == LOCKED
+    assert d.err(DeclareQueue("/", "ex", passive=True)).reply_text == LOCKED
     d.ok(DeclareQueue("/", "ex", passive=True, exclusive_owner="c1"))
-    assert d.err(Bind("/", "amq.direct", "ex", owner="c2")).code == 405
+    assert d.err(Bind("/", "amq.direct", "ex", owner="c2")).reply_text == LOCKED
     d.ok(Bind("/", "amq.direct", "ex", routing_key="k", owner="c1"))
-    assert d.err(DeleteQueue("/", "ex", owner="c2")).code == 405
+    assert d.err(DeleteQueue("/", "ex", owner="c2")).reply_text == LOCKED
     d.ok(DeclareQueue("/", "ex2", durable=False, exclusive_owner="c1", members=N[:1]))
     d.ok(DeclareQueue("/", "other", exclusive_owner="c2", durable=False, members=N[:1]))
     d.ok(DeleteExclusiveQueues("c1"))
