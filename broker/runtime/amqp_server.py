@@ -1,0 +1,899 @@
+"""The AMQP 0-9-1 server shell: sockets in, broker actions out.
+
+Where it sits: one `AmqpConnection` (an asyncio Protocol) per client socket
+feeds bytes to the sans-I/O `broker.amqp.ServerConnection`, drains its
+events, and dispatches them to `Channel`s. Channels authorise (permissions in
+the metadata replica), call the metadata store for declarations, route
+publishes with `broker.metadata.route`, hand messages to queue processes and
+turn queue deliveries into basic.deliver frames.
+
+Ordering: a channel handles its methods strictly in order. A method that must
+wait (a declaration goes through the metadata Raft group; basic.get through
+the queue's) marks the channel busy; later events on that channel wait in its
+backlog until the reply is sent. Publishes do not wait: they are proposed at
+once and confirmed when every target queue has committed them.
+
+Flow control: when a connection has more than `HIGH_WATER` enqueues waiting to
+be committed, the socket stops being read (TCP back-pressure reaches the
+publisher) until fewer than `LOW_WATER` remain.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as C
+
+from broker import metadata as md
+from broker import queue as qm
+from broker.amqp import codec as acodec
+from broker.amqp import events as ev
+from broker.amqp.connection import ServerConnection
+from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
+
+from .queues import Message, QueueProcess
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("broker.amqp")
+
+HIGH_WATER = 4000
+LOW_WATER = 1000
+_U16 = struct.Struct(">H")
+# content-header property flags (AMQP 0-9-1 basic class)
+_F_HEADERS = 0x2000
+_F_PRIORITY = 0x0800
+_F_EXPIRATION = 0x0100
+_F_USER_ID = 0x0010
+
+
+class ChannelError(Exception):
+    def __init__(self, code: int, text: str, method: Any = None) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        idx = getattr(method, "index", 0) or 0
+        self.class_id = idx >> 16
+        self.method_id = idx & 0xFFFF
+
+
+class ConnectionError_(ChannelError):
+    """A hard error: closes the whole connection."""
+
+
+def _detail(reply_text: str) -> str:
+    """'NAME - detail' -> 'detail' (the codec adds the NAME prefix back)."""
+    head, sep, tail = reply_text.partition(" - ")
+    return tail if sep and head.isupper() else reply_text
+
+
+def _raise_md(err: md.MetadataError, method: Any) -> None:
+    cls = ConnectionError_ if err.hard else ChannelError
+    raise cls(err.code, err.text, method)
+
+
+class Consumer:
+    __slots__ = ("cid", "tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "priority")
+
+    def __init__(self, channel: Channel, queue: QueueProcess, tag: str, no_ack: bool,
+                 exclusive: bool, prefetch: int, priority: int) -> None:
+        self.channel = channel
+        self.queue = queue
+        self.tag = tag
+        self.cid = ConsumerId(channel.ref, tag)
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.priority = priority
+
+    def deliver(self, queue: QueueProcess, msg_id: int, msg: Message, count: int,
+                redelivered: bool) -> None:
+        self.channel.deliver(self, msg_id, msg, count, redelivered)
+
+    def cancelled_by_server(self) -> None:
+        self.channel.server_cancel(self)
+
+
+class _Confirm:
+    __slots__ = ("seq", "remaining", "nack")
+
+    def __init__(self, seq: int, remaining: int) -> None:
+        self.seq = seq
+        self.remaining = remaining
+        self.nack = False
+
+
+class Channel:
+    def __init__(self, conn: AmqpConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.ref = ChannelRef(f"{conn.node.incarnation}/{conn.id}/{number}")
+        self.node = conn.node
+        self.busy = False
+        self.backlog: deque[Any] = deque()
+        self.closed = False
+        # consumers and deliveries
+        self.prefetch = 0
+        self.consumers: dict[str, Consumer] = {}
+        self.next_tag = 1
+        self.unacked: OrderedDict[int, tuple[QueueProcess, ConsumerId, int]] = OrderedDict()
+        self._settles: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        self._consumer_seq = 0
+        # publishing
+        self.confirm = False
+        self.publish_seq = 0
+        self.outstanding: deque[_Confirm] = deque()
+        self.queue_seqs: dict[int, int] = {}
+        self.touched: dict[int, QueueProcess] = {}
+        self.tx = False
+        self.tx_publishes: list[ev.Publish] = []
+        self.tx_acks: list[Any] = []
+
+    # ------------------------------------------------------------ dispatch
+    def feed(self, event: Any) -> None:
+        if self.busy:
+            self.backlog.append(event)
+            return
+        self._handle(event)
+
+    def _handle(self, event: Any) -> None:
+        try:
+            t = type(event)
+            if t is ev.Publish:
+                if self.tx:
+                    self.tx_publishes.append(event)
+                else:
+                    self.publish(event)
+            elif t is ev.Ack:
+                if self.tx:
+                    self.tx_acks.append(event)
+                else:
+                    self.ack(event.delivery_tag, event.multiple)
+            elif t is ev.Nack or t is ev.Reject:
+                if self.tx:
+                    self.tx_acks.append(event)
+                else:
+                    self.nack(event.delivery_tag, getattr(event, "multiple", False), event.requeue)
+            elif t is ev.MethodReceived:
+                self.method(event.method)
+        except ChannelError as err:
+            self.conn.channel_failed(self, err)
+
+    def _run_async(self, coro: Any) -> None:
+        """Run an async method; the channel handles nothing else until it is done."""
+        self.busy = True
+        task = asyncio.ensure_future(coro)
+        task.add_done_callback(self._async_done)
+
+    def _async_done(self, task: asyncio.Task[Any]) -> None:
+        self.busy = False
+        exc = task.exception() if not task.cancelled() else None
+        if isinstance(exc, ChannelError):
+            self.conn.channel_failed(self, exc)
+        elif exc is not None:
+            log.exception("channel %s: internal error", self.ref, exc_info=exc)
+            self.conn.channel_failed(self, ConnectionError_(541, f"internal error: {exc}"))
+        while self.backlog and not self.busy and not self.closed:
+            self._handle(self.backlog.popleft())
+        self.conn.flush()
+
+    def send(self, method: Any) -> None:
+        self.conn.write(self.conn.amqp.send_method(self.number, method))
+
+    # ------------------------------------------------------------ methods
+    def method(self, m: Any) -> None:
+        handler = _METHODS.get(type(m))
+        if handler is None:
+            raise ConnectionError_(540, f"method {m.name} is not implemented", m)
+        handler(self, m)
+
+    def _user(self) -> str:
+        return self.conn.user
+
+    def _vhost(self) -> str:
+        return self.conn.vhost
+
+    def _check(self, kind: str, rtype: str, name: str, method: Any) -> None:
+        err = md.check(self.node.meta.state, self._user(), self._vhost(), kind,  # type: ignore[arg-type]
+                       md.Resource(rtype, name))  # type: ignore[arg-type]
+        if err is not None:
+            _raise_md(err, method)
+
+    def _queue_name(self, name: str, method: Any) -> str:
+        """'' means the channel's last declared queue, as RabbitMQ does."""
+        if name:
+            return name
+        if self.conn.last_queue is None:
+            raise ChannelError(404, "no previously declared queue", method)
+        return self.conn.last_queue
+
+    # exchange.*
+    def exchange_declare(self, m: C.Exchange.Declare) -> None:
+        if not m.passive:
+            self._check("configure", "exchange", m.exchange, m)
+        cmd = md.DeclareExchange(
+            md.VhostName(self._vhost()), md.ExchangeName(m.exchange), m.exchange_type,
+            bool(m.durable), bool(m.auto_delete), bool(m.internal),
+            md.freeze_table(m.arguments or {}), bool(m.passive))
+        self._meta_call(cmd, m, None if m.nowait else C.Exchange.DeclareOk())
+
+    def exchange_delete(self, m: C.Exchange.Delete) -> None:
+        self._check("configure", "exchange", m.exchange, m)
+        cmd = md.DeleteExchange(md.VhostName(self._vhost()), md.ExchangeName(m.exchange), bool(m.if_unused))
+        self._meta_call(cmd, m, None if m.nowait else C.Exchange.DeleteOk())
+
+    def exchange_bind(self, m: C.Exchange.Bind, unbind: bool = False) -> None:
+        self._check("write", "exchange", m.destination, m)
+        self._check("read", "exchange", m.source, m)
+        cls = md.Unbind if unbind else md.Bind
+        cmd = cls(md.VhostName(self._vhost()), md.ExchangeName(m.source), m.destination, "exchange",
+                  m.routing_key, md.freeze_table(m.arguments or {}))
+        ok = C.Exchange.UnbindOk() if unbind else C.Exchange.BindOk()
+        self._meta_call(cmd, m, None if m.nowait else ok)
+
+    def exchange_unbind(self, m: C.Exchange.Unbind) -> None:
+        self.exchange_bind(m, unbind=True)  # type: ignore[arg-type]
+
+    # queue.*
+    def queue_declare(self, m: C.Queue.Declare) -> None:
+        self._run_async(self._queue_declare(m))
+
+    async def _queue_declare(self, m: C.Queue.Declare) -> None:
+        node = self.node
+        name = m.queue
+        server_named = not name
+        if server_named:
+            name = node.server_queue_name()
+        if name.startswith("amq.") and not server_named and not m.passive:
+            raise ChannelError(403, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
+        if not m.passive:
+            self._check("configure", "queue", name, m)
+        args = dict(m.arguments or {})
+        reply = await node.declare_queue(
+            self._vhost(), name, durable=bool(m.durable), exclusive_owner=self.conn.id if m.exclusive else None,
+            auto_delete=bool(m.auto_delete), arguments=args, passive=bool(m.passive),
+            server_named=server_named, method=m)
+        if isinstance(reply, md.MetadataError):
+            _raise_md(reply, m)
+        record = reply.record
+        if record.exclusive_owner is not None and record.exclusive_owner != self.conn.id:
+            raise ChannelError(405, f"cannot obtain exclusive access to locked queue '{name}' in vhost "
+                                    f"'{self._vhost()}'. It could be originally declared on another "
+                                    f"connection or the exclusive property value does not match that "
+                                    f"of the original declaration.", m)
+        self.conn.last_queue = name
+        q = node.queue(self._vhost(), name)
+        if not m.nowait:
+            ov = q.overview() if q is not None else {"messages_ready": 0}
+            consumers = len(q.consumers) if q is not None else 0
+            self.send(C.Queue.DeclareOk(queue=name, message_count=ov["messages_ready"],
+                                        consumer_count=consumers))
+
+    def queue_bind(self, m: C.Queue.Bind, unbind: bool = False) -> None:
+        qname = self._queue_name(m.queue, m)
+        self._check("write", "queue", qname, m)
+        self._check("read", "exchange", m.exchange, m)
+        cls = md.Unbind if unbind else md.Bind
+        cmd = cls(md.VhostName(self._vhost()), md.ExchangeName(m.exchange), qname, "queue",
+                  m.routing_key, md.freeze_table(m.arguments or {}), owner=self.conn.id)
+        ok = C.Queue.UnbindOk() if unbind else C.Queue.BindOk()
+        self._meta_call(cmd, m, None if getattr(m, "nowait", False) else ok)
+
+    def queue_unbind(self, m: C.Queue.Unbind) -> None:
+        self.queue_bind(m, unbind=True)  # type: ignore[arg-type]
+
+    def queue_purge(self, m: C.Queue.Purge) -> None:
+        qname = self._queue_name(m.queue, m)
+        self._check("read", "queue", qname, m)
+        q = self._local_queue(qname, m)
+        self._run_async(self._queue_purge(q, m))
+
+    async def _queue_purge(self, q: QueueProcess, m: C.Queue.Purge) -> None:
+        reply = await self.node.queue_command(q, qm.Purge())
+        if not m.nowait:
+            self.send(C.Queue.PurgeOk(message_count=getattr(reply, "count", 0)))
+
+    def queue_delete(self, m: C.Queue.Delete) -> None:
+        qname = self._queue_name(m.queue, m)
+        self._check("configure", "queue", qname, m)
+        self._run_async(self._queue_delete(qname, m))
+
+    async def _queue_delete(self, qname: str, m: C.Queue.Delete) -> None:
+        reply, count = await self.node.delete_queue(self._vhost(), qname, bool(m.if_unused),
+                                                    bool(m.if_empty), owner=self.conn.id)
+        if isinstance(reply, md.MetadataError):
+            _raise_md(reply, m)
+        if not m.nowait:
+            self.send(C.Queue.DeleteOk(message_count=count))
+
+    def _meta_call(self, cmd: Any, m: Any, ok: Any) -> None:
+        async def run() -> None:
+            reply = await self.node.meta_execute(cmd)
+            if isinstance(reply, md.MetadataError):
+                _raise_md(reply, m)
+            if ok is not None:
+                self.send(ok)
+        self._run_async(run())
+
+    def _local_queue(self, name: str, m: Any) -> QueueProcess:
+        q = self.node.queue(self._vhost(), name)
+        if q is None:
+            raise ChannelError(404, f"no queue '{name}' in vhost '{self._vhost()}'", m)
+        return q
+
+    # basic.*
+    def basic_qos(self, m: C.Basic.Qos) -> None:
+        if m.prefetch_count > 65535:
+            raise ChannelError(406, "prefetch_count exceeds 65535", m)
+        if m.global_:
+            # RabbitMQ: global qos is refused for quorum queues at consume time;
+            # we keep a channel-wide limit and refuse consuming from quorum queues.
+            self.conn.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch = m.prefetch_count
+        self.send(C.Basic.QosOk())
+
+    def basic_consume(self, m: C.Basic.Consume) -> None:
+        qname = self._queue_name(m.queue, m)
+        self._check("read", "queue", qname, m)
+        q = self._local_queue(qname, m)
+        tag = m.consumer_tag
+        if not tag:
+            self._consumer_seq += 1
+            tag = f"amq.ctag-{self.conn.id}-{self.number}-{self._consumer_seq}"
+        if tag in self.consumers:
+            raise ConnectionError_(530, f"attempt to reuse consumer tag '{tag}'", m)
+        if q.kind == "quorum" and self.conn.global_prefetch:
+            raise ChannelError(406, "consume: quorum queues do not support global qos", m)
+        record = self.node.queue_record(self._vhost(), qname)
+        if record is not None and record.exclusive_owner not in (None, self.conn.id):
+            raise ChannelError(405, f"cannot obtain exclusive access to locked queue '{qname}' in "
+                                    f"vhost '{self._vhost()}'. It could be originally declared on "
+                                    f"another connection or the exclusive property value does not "
+                                    f"match that of the original declaration.", m)
+        if m.exclusive and q.consumers:
+            raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
+        if any(c.exclusive for c in q.consumers.values()):
+            raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
+        args = m.arguments or {}
+        priority = args.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ChannelError(406, f"invalid arg 'x-priority' for queue '{qname}' in vhost "
+                                    f"'{self._vhost()}'", m)
+        consumer = Consumer(self, q, tag, bool(m.no_ack), bool(m.exclusive), self.prefetch, priority)
+        self.consumers[tag] = consumer
+        q.add_consumer(consumer)
+        self.touched[id(q)] = q
+        if not m.nowait:
+            self.send(C.Basic.ConsumeOk(consumer_tag=tag))
+        prefetch = 0 if m.no_ack else self.prefetch
+        self._run_async(self._checkout(q, consumer, prefetch, priority))
+
+    async def _checkout(self, q: QueueProcess, c: Consumer, prefetch: int, priority: int) -> None:
+        await self.node.queue_command(q, qm.Checkout(c.cid, prefetch, priority))
+
+    def basic_cancel(self, m: C.Basic.Cancel) -> None:
+        c = self.consumers.pop(m.consumer_tag, None)
+        if c is not None:
+            c.queue.remove_consumer(c.cid)
+            self._run_async(self._cancel(c, m))
+        elif not m.nowait:
+            self.send(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    async def _cancel(self, c: Consumer, m: C.Basic.Cancel) -> None:
+        await self.node.queue_command(c.queue, qm.Cancel(c.cid))
+        if not m.nowait:
+            self.send(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
+        if c.no_ack:
+            return
+        await self.node.maybe_auto_delete(c.queue)
+
+    def server_cancel(self, c: Consumer) -> None:
+        if self.consumers.pop(c.tag, None) is not None and not self.closed:
+            if self.conn.amqp._client_has("consumer_cancel_notify"):
+                self.send(C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
+            self.conn.flush()
+
+    def basic_get(self, m: C.Basic.Get) -> None:
+        qname = self._queue_name(m.queue, m)
+        self._check("read", "queue", qname, m)
+        q = self._local_queue(qname, m)
+        self.touched[id(q)] = q
+        self._run_async(self._get(q, m))
+
+    async def _get(self, q: QueueProcess, m: C.Basic.Get) -> None:
+        reply = await self.node.queue_command(q, qm.Dequeue(self.ref, bool(m.no_ack)))
+        if isinstance(reply, qm.Dequeued):
+            msg = q.message(reply.raft_index)
+            tag = self.next_tag
+            self.next_tag += 1
+            if not m.no_ack:
+                self.unacked[tag] = (q, ConsumerId(self.ref, DEQUEUE_TAG), reply.msg_id)
+            props = msg[0] if not reply.delivery_count else \
+                self.conn.props_cache.with_delivery_count(msg[0], reply.delivery_count)
+            self.conn.write(self.conn.amqp.send_get_ok(
+                self.number, tag, reply.redelivered, msg[2], msg[3], reply.messages_ready, props, msg[1]))
+        elif isinstance(reply, qm.DequeueRefused):
+            raise ChannelError(reply.reply_code, _detail(reply.reply_text), m)
+        else:
+            self.send(C.Basic.GetEmpty())
+
+    def basic_recover(self, m: Any) -> None:
+        # requeue=true and false both return unacked messages (RabbitMQ quorum queues
+        # cannot redeliver to the same consumer without requeueing).
+        self._return_all_unacked()
+        self.send(C.Basic.RecoverOk())
+
+    def basic_recover_async(self, m: Any) -> None:
+        self._return_all_unacked()
+
+    def _return_all_unacked(self) -> None:
+        groups: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        for q, cid, msg_id in self.unacked.values():
+            groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
+        self.unacked.clear()
+        for (_, cid), (q, ids) in groups.items():
+            self.node.queue_command_nowait(q, qm.Return(cid, tuple(ids)))
+
+    def confirm_select(self, m: C.Confirm.Select) -> None:
+        if self.tx:
+            raise ChannelError(406, "cannot switch from tx to confirm mode", m)
+        self.confirm = True
+        if not m.nowait:
+            self.send(C.Confirm.SelectOk())
+
+    def tx_select(self, m: C.Tx.Select) -> None:
+        if self.confirm:
+            raise ChannelError(406, "cannot switch from confirm to tx mode", m)
+        self.tx = True
+        self.send(C.Tx.SelectOk())
+
+    def tx_commit(self, m: C.Tx.Commit) -> None:
+        if not self.tx:
+            raise ChannelError(406, "channel is not transactional", m)
+        pubs, acks = self.tx_publishes, self.tx_acks
+        self.tx_publishes, self.tx_acks = [], []
+        futures: list[asyncio.Future[Any]] = []
+        for p in pubs:
+            futures.extend(self.publish(p, collect=True))
+        for a in acks:
+            if type(a) is ev.Ack:
+                self.ack(a.delivery_tag, a.multiple)
+            else:
+                self.nack(a.delivery_tag, getattr(a, "multiple", False), a.requeue)
+
+        async def run() -> None:
+            if futures:
+                await asyncio.gather(*futures, return_exceptions=True)
+            self.send(C.Tx.CommitOk())
+        self._run_async(run())
+
+    def tx_rollback(self, m: C.Tx.Rollback) -> None:
+        if not self.tx:
+            raise ChannelError(406, "channel is not transactional", m)
+        self.tx_publishes, self.tx_acks = [], []
+        self.send(C.Tx.RollbackOk())
+
+    # ------------------------------------------------------------ publishing
+    def publish(self, p: ev.Publish, collect: bool = False) -> list[asyncio.Future[Any]]:
+        node = self.node
+        vhost = self._vhost()
+        conn = self.conn
+        if p.exchange not in conn.write_ok:
+            self._check("write", "exchange", p.exchange, _PUBLISH)
+            conn.write_ok.add(p.exchange)
+        props = p.properties_raw
+        flags = _U16.unpack_from(props, 0)[0] if len(props) >= 2 else 0
+        priority = expiration = None
+        headers = None
+        if flags & (_F_HEADERS | _F_PRIORITY | _F_EXPIRATION | _F_USER_ID):
+            decoded = acodec.decode_properties(props)
+            priority = decoded.priority
+            headers = decoded.headers
+            if decoded.expiration is not None:
+                try:
+                    expiration = int(decoded.expiration)
+                    if expiration < 0:
+                        raise ValueError
+                except ValueError:
+                    raise ChannelError(406, f"invalid expiration '{decoded.expiration}'", _PUBLISH) from None
+            if decoded.user_id is not None and decoded.user_id != conn.user:
+                raise ChannelError(406, f"user_id property set to '{decoded.user_id}' but authenticated "
+                                        f"user was '{conn.user}'", _PUBLISH)
+        routed = md.route(node.meta.state, md.VhostName(vhost), p.exchange, p.routing_key, headers)
+        if isinstance(routed, md.MetadataError):
+            _raise_md(routed, _PUBLISH)
+        seq = 0
+        if self.confirm:
+            self.publish_seq += 1
+            seq = self.publish_seq
+        queues = [q for q in (node.queue(vhost, n) for n in routed) if q is not None]
+        if not queues:
+            if p.mandatory:
+                conn.write(conn.amqp.send_return(self.number, 312, "NO_ROUTE", p.exchange, p.routing_key,
+                                                 props, p.body))
+            if seq:
+                self.outstanding.append(_Confirm(seq, 0))
+                conn.confirms_dirty.add(self)
+            return []
+        pending = _Confirm(seq, len(queues)) if seq else None
+        if pending is not None:
+            self.outstanding.append(pending)
+        futures = []
+        for q in queues:
+            if self.ref in q.blocked_publishers:
+                # overflow reject-publish in force: nack without enqueueing
+                if pending is not None:
+                    pending.nack = True
+                    pending.remaining -= 1
+                    if pending.remaining == 0:
+                        conn.confirms_dirty.add(self)
+                continue
+            key = id(q)
+            qseq = self.queue_seqs.get(key, 0) + 1
+            self.queue_seqs[key] = qseq
+            self.touched[key] = q
+            try:
+                fut = q.enqueue(self.ref if self.confirm else None, qseq, props, p.body, p.exchange,
+                                p.routing_key, priority, expiration)
+            except Exception as exc:  # NotLeader / stopped group
+                log.warning("publish to %s failed: %s", q.name, exc)
+                if pending is not None:
+                    pending.nack = True
+                    pending.remaining -= 1
+                    if pending.remaining == 0:
+                        conn.confirms_dirty.add(self)
+                continue
+            conn.inflight += 1
+            fut.add_done_callback(lambda f, pending=pending: self._enqueued(f, pending))
+            if collect:
+                futures.append(fut)
+        if conn.inflight > HIGH_WATER:
+            conn.pause()
+        return futures
+
+    def _enqueued(self, fut: asyncio.Future[Any], pending: _Confirm | None) -> None:
+        conn = self.conn
+        conn.inflight -= 1
+        if conn.paused and conn.inflight < LOW_WATER:
+            conn.resume()
+        if pending is None:
+            return
+        if fut.cancelled() or fut.exception() is not None or fut.result() is qm.EnqueueResult.REJECTED:
+            pending.nack = True
+        pending.remaining -= 1
+        if pending.remaining == 0:
+            conn.confirms_dirty.add(self)
+            conn.schedule_flush()
+
+    def flush_confirms(self) -> None:
+        out = self.outstanding
+        conn = self.conn
+        ack_upto = 0
+        while out and out[0].remaining == 0:
+            c = out.popleft()
+            if c.nack:
+                if ack_upto:
+                    conn.write(conn.amqp.send_ack(self.number, ack_upto, ack_upto > 1))
+                    ack_upto = 0
+                conn.write(conn.amqp.send_nack(self.number, c.seq, False))
+            else:
+                ack_upto = c.seq
+        if ack_upto:
+            conn.write(conn.amqp.send_ack(self.number, ack_upto, True))
+
+    # ------------------------------------------------------------ deliveries
+    def deliver(self, c: Consumer, msg_id: int, msg: Message, count: int, redelivered: bool) -> None:
+        if self.closed:
+            return
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        conn = self.conn
+        if c.no_ack:
+            self._settle_later(c.queue, c.cid, msg_id)
+        else:
+            self.unacked[tag] = (c.queue, c.cid, msg_id)
+        props = msg[0] if not count else conn.props_cache.with_delivery_count(msg[0], count)
+        conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, msg[1]))
+        conn.schedule_flush()
+
+    def _settle_later(self, q: QueueProcess, cid: ConsumerId, msg_id: int) -> None:
+        key = (id(q), cid)
+        entry = self._settles.get(key)
+        if entry is None:
+            self._settles[key] = (q, [msg_id])
+            self.conn.settles_dirty.add(self)
+        else:
+            entry[1].append(msg_id)
+
+    def flush_settles(self) -> None:
+        settles, self._settles = self._settles, {}
+        for (_, cid), (q, ids) in settles.items():
+            if not q.deleted:
+                self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids: q.settle(cid, ids))
+
+    def _take(self, tag: int, multiple: bool, m: Any) -> list[tuple[QueueProcess, ConsumerId, int]]:
+        unacked = self.unacked
+        if multiple:
+            taken = []
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            if tag not in unacked and (not unacked or tag < next(iter(unacked))):
+                raise ChannelError(406, f"unknown delivery tag {tag}", m)
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                taken.append(unacked.pop(first))
+            return taken
+        item = unacked.pop(tag, None)
+        if item is None:
+            raise ChannelError(406, f"unknown delivery tag {tag}", m)
+        return [item]
+
+    def ack(self, tag: int, multiple: bool) -> None:
+        for q, cid, msg_id in self._take(tag, multiple, _ACK):
+            self._settle_later(q, cid, msg_id)
+
+    def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+        groups: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        for q, cid, msg_id in self._take(tag, multiple, _NACK):
+            groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
+        for (_, cid), (q, ids) in groups.items():
+            cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
+            self.node.queue_command_nowait(q, cmd)
+
+    # ------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """The channel is gone: its consumers go away and its unacked messages
+        return to their queues (ChannelDown)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.flush_settles()
+        for c in self.consumers.values():
+            c.queue.remove_consumer(c.cid)
+        self.consumers.clear()
+        for q in list(self.touched.values()):
+            if not q.deleted:
+                self.node.queue_command_nowait(q, qm.ChannelDown(self.ref))
+                self.node.schedule_auto_delete_check(q)
+        self.touched.clear()
+        self.unacked.clear()
+
+
+_PUBLISH = C.Basic.Publish()
+_ACK = C.Basic.Ack()
+_NACK = C.Basic.Nack()
+
+_METHODS: dict[type, Callable[[Channel, Any], None]] = {
+    C.Exchange.Declare: Channel.exchange_declare,
+    C.Exchange.Delete: Channel.exchange_delete,
+    C.Exchange.Bind: Channel.exchange_bind,
+    C.Exchange.Unbind: Channel.exchange_unbind,
+    C.Queue.Declare: Channel.queue_declare,
+    C.Queue.Bind: Channel.queue_bind,
+    C.Queue.Unbind: Channel.queue_unbind,
+    C.Queue.Purge: Channel.queue_purge,
+    C.Queue.Delete: Channel.queue_delete,
+    C.Basic.Qos: Channel.basic_qos,
+    C.Basic.Consume: Channel.basic_consume,
+    C.Basic.Cancel: Channel.basic_cancel,
+    C.Basic.Get: Channel.basic_get,
+    C.Basic.Recover: Channel.basic_recover,
+    C.Basic.RecoverAsync: Channel.basic_recover_async,
+    C.Confirm.Select: Channel.confirm_select,
+    C.Tx.Select: Channel.tx_select,
+    C.Tx.Commit: Channel.tx_commit,
+    C.Tx.Rollback: Channel.tx_rollback,
+}
+
+
+class AmqpConnection(asyncio.Protocol):
+    _ids = 0
+
+    def __init__(self, node: Node) -> None:
+        AmqpConnection._ids += 1
+        self.id = f"c{AmqpConnection._ids}"
+        self.node = node
+        self.amqp = ServerConnection(node.amqp_config)
+        self.transport: asyncio.Transport | None = None
+        self.peer = ""
+        self.user = ""
+        self.vhost = ""
+        self.channels: dict[int, Channel] = {}
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+        self.confirms_dirty: set[Channel] = set()
+        self.settles_dirty: set[Channel] = set()
+        self.inflight = 0
+        self.paused = False
+        self.last_queue: str | None = None
+        self.global_prefetch = 0
+        self.write_ok: set[str] = set()
+        self.props_cache = acodec.PropertiesCache()
+        self._ticker: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # ------------------------------------------------------------ asyncio hooks
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+        self.node.connections.add(self)
+        self._schedule_tick()
+
+    def data_received(self, data: bytes) -> None:
+        amqp = self.amqp
+        amqp.receive_data(data)
+        self._drain()
+
+    def eof_received(self) -> bool | None:
+        self.amqp.receive_data(b"")
+        self._drain()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        # A slow reader: stop reading its input too so its deliveries do not pile up.
+        self.pause()
+
+    def resume_writing(self) -> None:
+        if self.inflight < LOW_WATER:
+            self.resume()
+
+    # ------------------------------------------------------------ events
+    def _drain(self) -> None:
+        amqp = self.amqp
+        channels = self.channels
+        while True:
+            event = amqp.next_event()
+            if event is ev.NEED_DATA or event is ev.CLOSED:
+                break
+            t = type(event)
+            ch_no = getattr(event, "channel", None)
+            if t in (ev.Publish, ev.Ack, ev.Nack, ev.Reject, ev.MethodReceived):
+                ch = channels.get(ch_no)  # type: ignore[arg-type]
+                if ch is not None:
+                    ch.feed(event)
+                continue
+            self._connection_event(event)
+        self.flush()
+
+    def _connection_event(self, event: Any) -> None:
+        t = type(event)
+        amqp = self.amqp
+        if t is ev.ConnectionStartOk:
+            self._login(event)
+        elif t is ev.ConnectionOpen:
+            state = self.node.meta.state
+            err = md.check_vhost_access(state, self.user, event.virtual_host)
+            if err is not None:
+                self.write(amqp.connection_error(530, err.text, 10, 40))
+            else:
+                self.vhost = event.virtual_host
+                self.write(amqp.accept_open())
+        elif t is ev.ChannelOpen:
+            self.channels[event.channel] = Channel(self, event.channel)
+        elif t in (ev.ChannelClose, ev.ChannelCloseOk):
+            ch = self.channels.pop(event.channel, None)
+            if ch is not None:
+                ch.close()
+        elif t in (ev.ConnectionClose, ev.ConnectionCloseOk, ev.ConnectionTerminated, ev.ConnectionLost):
+            if t is ev.ConnectionTerminated and event.reply_code not in (200, 320):
+                log.info("connection %s (%s) closed: %s %s", self.id, self.peer, event.reply_code,
+                         event.reply_text)
+            self.write(amqp.data_to_send())
+            self._close_channels()
+            if t is not ev.ConnectionTerminated or not event.close_sent:
+                self.flush()
+                if self.transport is not None:
+                    self.transport.close()
+
+    def _login(self, event: ev.ConnectionStartOk) -> None:
+        amqp = self.amqp
+        node = self.node
+        if event.username is None or event.password is None:
+            self.write(amqp.reject_login())
+            return
+        result = md.authenticate(node.meta.state, event.username, event.password, self.peer,
+                                 node.config["loopback_users"], event.mechanism)
+        if isinstance(result, md.MetadataError):
+            log.warning("connection %s (%s): login refused for user '%s'", self.id, self.peer, event.username)
+            self.write(amqp.reject_login())
+            return
+        self.user = event.username
+        self.write(amqp.accept_login())
+
+    def channel_failed(self, ch: Channel, err: ChannelError) -> None:
+        amqp = self.amqp
+        if isinstance(err, ConnectionError_):
+            self.write(amqp.connection_error(err.code, err.text, err.class_id, err.method_id))
+            self._close_channels()
+        else:
+            self.write(amqp.channel_error(ch.number, err.code, err.text, err.class_id, err.method_id))
+            ch.close()
+            ch.backlog.clear()
+        self.flush()
+
+    def _close_channels(self) -> None:
+        for ch in list(self.channels.values()):
+            ch.close()
+        self.channels.clear()
+
+    # ------------------------------------------------------------ output
+    def write(self, data: bytes) -> None:
+        if data:
+            self.out.append(data)
+
+    def schedule_flush(self) -> None:
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.settles_dirty:
+            dirty, self.settles_dirty = self.settles_dirty, set()
+            for ch in dirty:
+                ch.flush_settles()
+        if self.confirms_dirty:
+            dirty2, self.confirms_dirty = self.confirms_dirty, set()
+            for ch in dirty2:
+                ch.flush_confirms()
+        extra = self.amqp.data_to_send()
+        if extra:
+            self.out.append(extra)
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def pause(self) -> None:
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None and not self.transport.is_closing():
+            self.paused = False
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------ heartbeats
+    def _schedule_tick(self) -> None:
+        self._ticker = asyncio.get_running_loop().call_later(1.0, self._tick)
+
+    def _tick(self) -> None:
+        if self.closed:
+            return
+        result = self.amqp.tick(asyncio.get_running_loop().time())
+        self.write(result.data)
+        self.flush()
+        if result.peer_dead:
+            log.info("connection %s (%s): missed heartbeats, closing", self.id, self.peer)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._schedule_tick()
+
+    def _teardown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+        self._close_channels()
+        self.node.connections.discard(self)
+        self.node.connection_closed(self.id)
+
+    def force_close(self, text: str) -> None:
+        self.write(self.amqp.close(text))
+        self.flush()

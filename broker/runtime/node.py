@@ -1,0 +1,410 @@
+"""One broker node: storage, the metadata group, queue members, the AMQP listener.
+
+Where it sits: the top of the I/O shell. `Node.start()` opens the node's
+storage (one WAL shared by every Raft group here), recovers the metadata
+group and every local queue member it lists, starts the Raft tick timer and
+the AMQP listener. Channels call into the node for declarations (through the
+metadata store) and queue commands (through the queue processes).
+
+Channel references are `"<node>|<incarnation>/<connection>/<channel>"`: the
+incarnation changes at every start, so after a restart a queue leader can tell
+which consumers belong to a previous life of a node and return their
+messages (see QuorumQueue._leader_housekeeping).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from broker import metadata as md
+from broker import queue as qm
+from broker import storage as st
+from broker.amqp.connection import ServerConfig
+from broker.common.config import Config, ConfigError, load_config
+from broker.raft import RaftConfig
+
+from .amqp_server import AmqpConnection
+from .metastore import META_GROUP, MetadataStore
+from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue
+
+log = logging.getLogger("broker.node")
+
+
+class Node:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.node_name: str = config["node.name"]
+        self.incarnation = f"{self.node_name}|{os.urandom(4).hex()}"
+        self.data_dir = Path(config["node.data_dir"])
+        self.amqp_config = ServerConfig(
+            frame_max=config["frame_max"], channel_max=config["channel_max"],
+            heartbeat=config["heartbeat"], cluster_name=self.node_name,
+        )
+        tick_ms = config["raft.tick_ms"]
+        self.tick_s = tick_ms / 1000
+        election_ticks = max(2, config["raft.election_timeout_ms"] // tick_ms)
+        self.raft_config = RaftConfig(election_tick=election_ticks, heartbeat_tick=1)
+        self.queues: dict[tuple[str, str], QueueProcess] = {}
+        self.connections: set[AmqpConnection] = set()
+        self.storage: st.LogManager | None = None
+        self.meta: MetadataStore = None  # type: ignore[assignment]
+        self._server: asyncio.base_events.Server | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self._groups_by_id: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server_names = 0
+        self._auto_delete_pending: set[tuple[str, str]] = set()
+        self.port = 0
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.storage = st.LogManager(
+            self.data_dir / "raft",
+            st.StorageConfig(wal_max_size_bytes=self.config["raft.wal_max_size_bytes"],
+                             segment_max_entries=self.config["raft.segment_max_entries"]),
+            on_durable=lambda g, i, t: loop.call_soon_threadsafe(self._durable, g),
+            on_error=lambda g, e: loop.call_soon_threadsafe(self._storage_error, g, e),
+        )
+        self.meta = MetadataStore(
+            self.node_name, self.storage.open_group(META_GROUP), [self.node_name], self.send_raft,
+            self.raft_config, self._meta_effects, self.config["default_user"],
+            self.config["default_pass"], self.config["default_vhost"],
+        )
+        self._groups_by_id[META_GROUP] = self.meta.group
+        self.meta.group.campaign()
+        self._tick_task = loop.create_task(self._ticker())
+        await self._wait(lambda: self.meta.bootstrapped and self.meta.group.is_leader, 30,
+                         "the metadata store did not become ready")
+        # Re-open local members of queues the metadata lists (a restart).
+        for record in list(self.meta.state.queues.values()):
+            self._start_queue(record)
+        self._server = await loop.create_server(
+            lambda: AmqpConnection(self), self.config["listeners.tcp.bind"],
+            self.config["listeners.tcp.default"], reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("node %s: AMQP listening on %s:%d", self.node_name,
+                 self.config["listeners.tcp.bind"], self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.force_close("broker forced connection closure with reason 'shutdown'")
+            if conn.transport is not None:
+                conn.transport.close()
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        for q in self.queues.values():
+            q.close()
+        if self.storage is not None:
+            self.storage.close()
+
+    async def _wait(self, cond: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise RuntimeError(what)
+            await asyncio.sleep(0.01)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            for g in list(self._groups_by_id.values()):
+                g.tick()
+
+    def _durable(self, group_id: str) -> None:
+        g = self._groups_by_id.get(group_id)
+        if g is not None:
+            g.on_durable()
+
+    def _storage_error(self, group_id: str, exc: BaseException) -> None:
+        g = self._groups_by_id.get(group_id)
+        if g is not None:
+            g.on_storage_error(exc)
+
+    def send_raft(self, dst: str, msg: Any) -> None:
+        # Single node: every group has one member, so nothing crosses the network.
+        # The peer transport (broker/runtime/transport.py) carries these in a cluster.
+        log.debug("raft message for %s dropped: no peer transport", dst)
+
+    # ------------------------------------------------------------ metadata
+    async def meta_execute(self, cmd: Any) -> Any:
+        return await self.meta.execute(cmd)
+
+    def _meta_effects(self, effects: list[Any]) -> None:
+        for eff in effects:
+            t = type(eff)
+            if t is md.QueueDeclared:
+                self._start_queue(eff.record)
+            elif t is md.QueueDeleted:
+                self._stop_queue(eff.record)
+            elif t is md.PolicyChanged:
+                for vhost, name in eff.queues:
+                    self._push_policy(vhost, name)
+
+    def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
+        return self.meta.state.queues.get((md.VhostName(vhost), md.QueueName(name)))
+
+    def queue(self, vhost: str, name: str) -> QueueProcess | None:
+        return self.queues.get((vhost, name))
+
+    def _config_for(self, record: md.QueueRecord) -> qm.QueueConfig:
+        state = self.meta.state
+        args = md.thaw_table(record.arguments)
+        if record.type == "quorum":
+            pol = md.queue_policy(state, record)
+            opol = md.queue_operator_policy(state, record)
+            return qm.parse_queue_arguments(
+                args, record.name, record.vhost,
+                md.thaw_table(pol.definition) if pol else None,
+                md.thaw_table(opol.definition) if opol else None)
+        return classic_config(record.name, record.vhost, args)
+
+    def _group_id(self, record: md.QueueRecord) -> str:
+        return f"{record.vhost}/{record.name}/{record.created_at}"
+
+    def _start_queue(self, record: md.QueueRecord) -> None:
+        key = (record.vhost, record.name)
+        if key in self.queues or self.node_name not in record.members:
+            return
+        try:
+            config = self._config_for(record)
+        except qm.QueueArgumentError as exc:
+            log.error("queue %s/%s: invalid configuration: %s", record.vhost, record.name, exc)
+            return
+        q: QueueProcess
+        if record.type == "quorum":
+            assert self.storage is not None
+            gid = self._group_id(record)
+            glog = self.storage.open_group(gid)
+            q = QuorumQueue(self, record.vhost, record.name, config, glog, list(record.members),
+                            self.raft_config)
+            self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
+            if len(record.members) == 1:
+                q.group.campaign()  # type: ignore[union-attr]
+        else:
+            q = ClassicQueue(self, record.vhost, record.name, config)
+        self.queues[key] = q
+
+    def _stop_queue(self, record: md.QueueRecord) -> None:
+        q = self.queues.pop((record.vhost, record.name), None)
+        if q is None:
+            return
+        for consumer in list(q.consumers.values()):
+            consumer.cancelled_by_server()
+        q.consumers.clear()
+        q.close()
+        if isinstance(q, QuorumQueue):
+            self._groups_by_id.pop(q.glog.group_id, None)
+            q.glog.close()
+
+    def _push_policy(self, vhost: str, name: str) -> None:
+        q = self.queues.get((vhost, name))
+        record = self.queue_record(vhost, name)
+        if q is None or record is None or not q.is_leader:
+            return
+        try:
+            config = self._config_for(record)
+        except qm.QueueArgumentError as exc:
+            log.error("queue %s/%s: policy not applied: %s", vhost, name, exc)
+            return
+        self.queue_command_nowait(q, qm.UpdateConfig(config))
+
+    # ------------------------------------------------------------ declarations
+    def server_queue_name(self) -> str:
+        self._server_names += 1
+        return f"amq.gen-{os.urandom(12).hex()}"
+
+    async def declare_queue(self, vhost: str, name: str, *, durable: bool, exclusive_owner: str | None,
+                            auto_delete: bool, arguments: dict[str, Any], passive: bool,
+                            server_named: bool, method: Any) -> Any:
+        from .amqp_server import ChannelError
+
+        state = self.meta.state
+        existing = self.queue_record(vhost, name)
+        qtype = arguments.get("x-queue-type")
+        if qtype is None and existing is None and not passive:
+            vh = state.vhosts.get(md.VhostName(vhost))
+            qtype = (getattr(vh, "default_queue_type", None) or self.config["default_queue_type"])
+            if exclusive_owner is not None or server_named:
+                qtype = "classic"  # temporaries are classic even when quorum is the default
+            arguments = {**arguments, "x-queue-type": qtype} if qtype == "quorum" else arguments
+        if qtype == "quorum" and not passive and existing is None:
+            try:
+                qm.parse_queue_arguments(arguments, name, vhost)
+            except qm.QueueArgumentError as exc:
+                raise ChannelError(exc.reply_code, _strip(exc.reply_text), method) from None
+        members = (md.NodeName(self.node_name),)
+        cmd = md.DeclareQueue(
+            md.VhostName(vhost), md.QueueName(name), durable, exclusive_owner, auto_delete,
+            md.freeze_table(arguments), passive, server_named, members, md.NodeName(self.node_name),
+            self.config["quorum_queue.property_equivalence.relaxed_checks_on_redeclaration"])
+        reply = await self.meta.execute(cmd)
+        if isinstance(reply, md.MetadataError):
+            return reply
+        q = self.queue(vhost, name)
+        if isinstance(q, QuorumQueue):
+            await self._wait(lambda: q.is_leader or q.deleted, 30,
+                             f"queue '{name}' in vhost '{vhost}' has no leader")
+        return reply
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool,
+                           owner: str | None) -> tuple[Any, int]:
+        q = self.queue(vhost, name)
+        consumers = len(q.consumers) if q is not None else 0
+        count = q.overview()["messages"] if q is not None else 0
+        reply = await self.meta.execute(md.DeleteQueue(
+            md.VhostName(vhost), md.QueueName(name), if_unused, if_empty, consumers, count, owner))
+        return reply, count
+
+    async def maybe_auto_delete(self, q: QueueProcess) -> None:
+        record = self.queue_record(q.vhost, q.name)
+        if record is None or not record.auto_delete or q.consumers or q.deleted:
+            return
+        await self.meta.execute(md.DeleteQueue(md.VhostName(q.vhost), md.QueueName(q.name)))
+
+    def schedule_auto_delete_check(self, q: QueueProcess) -> None:
+        record = self.queue_record(q.vhost, q.name)
+        if record is None or not record.auto_delete or q.consumers:
+            return
+        # RabbitMQ deletes an auto-delete queue when its last consumer goes,
+        # never before it had one.
+        if q.had_consumer:
+            asyncio.ensure_future(self.maybe_auto_delete(q))
+
+    def connection_closed(self, conn_id: str) -> None:
+        """Exclusive queues of a closed connection are deleted."""
+        if any(r.exclusive_owner == conn_id for r in self.meta.state.queues.values()):
+            asyncio.ensure_future(self.meta.execute(md.DeleteExclusiveQueues(conn_id)))
+
+    def queue_expired(self, vhost: str, name: str) -> None:
+        asyncio.ensure_future(self.meta.execute(md.DeleteQueue(md.VhostName(vhost), md.QueueName(name))))
+
+    # ------------------------------------------------------------ queue commands
+    async def queue_command(self, q: QueueProcess, cmd: qm.Command) -> Any:
+        from .amqp_server import ChannelError
+
+        try:
+            return await q.command(cmd)
+        except Exception as exc:
+            if isinstance(exc, ChannelError):
+                raise
+            raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: {exc}") from None
+
+    def queue_command_nowait(self, q: QueueProcess, cmd: qm.Command) -> None:
+        self.queue_submit_nowait(q, lambda: q.command(cmd))
+
+    def queue_submit_nowait(self, q: QueueProcess, submit: Any) -> None:
+        try:
+            fut = submit()
+        except Exception as exc:
+            log.warning("queue %s: command not submitted: %s", q.name, exc)
+            return
+        fut.add_done_callback(_log_failure)
+
+    # ------------------------------------------------------------ dead lettering
+    def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
+                    messages: list[tuple[Message, dict[str, Any]]]) -> None:
+        """At-most-once dead lettering: republish with x-death headers, no confirms."""
+        from broker.amqp import codec as acodec
+
+        for (props_raw, body, orig_exchange, orig_rk), death in messages:
+            rk = routing_key if routing_key is not None else orig_rk
+            props = acodec.decode_properties(props_raw)
+            headers = dict(props.headers or {})
+            headers = qm.x_death_headers(
+                headers, queue=death["queue"], reason=qm.DeadLetterReason(death["reason"]),
+                exchange=orig_exchange, routing_keys=[orig_rk], time_ms=int(time.time() * 1000),
+                expiration=props.expiration)
+            props.headers = headers
+            props.expiration = None  # RabbitMQ moves it to x-death's original-expiration
+            new_raw = acodec.encode_properties(props)
+            routed = md.route(self.meta.state, md.VhostName(vhost), exchange, rk, headers)
+            if isinstance(routed, md.MetadataError):
+                continue
+            for qname in routed:
+                target = self.queue(vhost, qname)
+                if target is None or target.deleted:
+                    continue
+                try:
+                    fut = target.enqueue(None, 0, new_raw, body, exchange, rk, props.priority, None)
+                    fut.add_done_callback(_log_failure)
+                except Exception as exc:
+                    log.warning("dead letter to %s failed: %s", qname, exc)
+
+
+def _strip(reply_text: str) -> str:
+    head, sep, tail = reply_text.partition(" - ")
+    return tail if sep and head.isupper() else reply_text
+
+
+def _log_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("queue command failed: %s", fut.exception())
+
+
+def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfig:
+    """Classic queues use the same machine with classic semantics: no delivery limit."""
+    def num(key: str) -> int | None:
+        v = args.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    overflow = args.get("x-overflow", "drop-head")
+    if overflow not in ("drop-head", "reject-publish"):
+        overflow = "drop-head"
+    return qm.QueueConfig(
+        name=name, vhost=vhost, max_length=num("x-max-length"),
+        max_length_bytes=num("x-max-length-bytes"), overflow=overflow,
+        message_ttl_ms=num("x-message-ttl"), expires_ms=num("x-expires"),
+        dead_letter_exchange=args.get("x-dead-letter-exchange"),
+        dead_letter_routing_key=args.get("x-dead-letter-routing-key"),
+        delivery_limit=None,
+        single_active_consumer=bool(args.get("x-single-active-consumer", False)),
+    )
+
+
+# ---------------------------------------------------------------- process entry
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="qq-broker", description="Run one broker node.")
+    ap.add_argument("--config", help="rabbitmq.conf-style configuration file")
+    ap.add_argument("--log-level", default=os.environ.get("QQ_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        text = Path(args.config).read_text() if args.config else ""
+        config = load_config(text, os.environ, source=args.config or "config")
+    except (ConfigError, OSError) as exc:
+        print(f"qq-broker: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: Config) -> int:
+    node = Node(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    print(f"qq-broker {node.node_name}: ready on port {node.port}", flush=True)
+    await stop.wait()
+    await node.stop()
+    return 0
+

@@ -1,0 +1,348 @@
+"""Queue processes: the runtime side of one queue on this node.
+
+Where it sits: AMQP channels call `enqueue` / `checkout` / `settle` / ... on a
+`QueueProcess`; it turns them into `broker.queue` commands, gets them applied
+(through the queue's Raft group for a quorum queue, or directly for a
+node-local classic queue), and interprets the machine's effects: deliveries
+to local consumers (bodies read from this node's copy of the log), timers,
+dead-letter publishes, queue expiry, log release.
+
+Log entry payloads (inside RaftGroup's `[timestamp, payload]`):
+  enqueue: ["E", publisher, seq, size, priority, expiration_ms,
+            properties_raw, body, exchange, routing_key]
+  settle:  ["S", channel_ref, consumer_tag, [msg_ids]]
+  other:   ["C", encode_command(cmd)]
+The enqueue entry *is* the message: deliveries read it back by raft index.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker import queue as qm
+from broker import storage as st
+from broker.queue import effects as qe
+from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta
+from broker.raft import Membership, NodeId, RaftConfig, Role
+
+from . import wire
+from .raft_group import RaftGroup, encode_membership
+
+if TYPE_CHECKING:
+    from .amqp_server import Consumer
+
+log = logging.getLogger("broker.queues")
+
+Message = tuple[bytes, bytes, str, str]  # properties_raw, body, exchange, routing_key
+
+
+class Host(Protocol):
+    """What a queue needs from its node."""
+
+    node_name: str
+    incarnation: str
+
+    def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
+                    messages: list[tuple[Message, dict[str, Any]]]) -> None: ...
+
+    def queue_expired(self, vhost: str, name: str) -> None: ...
+
+    def send_raft(self, dst: str, msg: Any) -> None: ...
+
+
+class QueueProcess:
+    """Shared logic of quorum and classic queues: commands out, effects in."""
+
+    kind = "quorum"
+
+    def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig) -> None:
+        self.host = host
+        self.vhost = vhost
+        self.name = name
+        self.state = qm.new_state(config)
+        self.consumers: dict[ConsumerId, Consumer] = {}
+        self.blocked_publishers: set[ChannelRef] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        # Recently applied message bodies (raft index -> message), bounded.
+        self._cache: OrderedDict[int, Message] = OrderedDict()
+        self._cache_bytes = 0
+        self.cache_limit = 64 * 1024 * 1024
+        self.deleted = False
+        self.had_consumer = False  # auto-delete only applies once a consumer came
+
+    # ---------------------------------------------------------------- overridables
+    def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
+        raise NotImplementedError
+
+    def _read_message(self, index: int) -> Message:
+        raise NotImplementedError
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+    @property
+    def leader_node(self) -> str | None:
+        return self.host.node_name
+
+    # ---------------------------------------------------------------- commands
+    def enqueue(self, publisher: ChannelRef | None, seq: int, props_raw: bytes, body: bytes,
+                exchange: str, routing_key: str, priority: int | None,
+                expiration_ms: int | None) -> asyncio.Future[Any]:
+        return self._submit(["E", publisher, seq, len(body), priority, expiration_ms,
+                             props_raw, body, exchange, routing_key])
+
+    def settle(self, consumer: ConsumerId, msg_ids: list[int]) -> asyncio.Future[Any]:
+        return self._submit(["S", consumer.channel, consumer.tag, msg_ids])
+
+    def command(self, cmd: qm.Command) -> asyncio.Future[Any]:
+        return self._submit(["C", qm.encode_command(cmd)])
+
+    # ---------------------------------------------------------------- applying
+    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
+        tag = payload[0]
+        if tag == "E":
+            _, publisher, seq, size, priority, expiration, props, body, exchange, rk = payload
+            cmd: qm.Command = qm.Enqueue(publisher, seq, size, priority, expiration)
+            self._remember(index, (props, body, exchange, rk))
+        elif tag == "S":
+            cmd = qm.Settle(ConsumerId(ChannelRef(payload[1]), payload[2]), tuple(payload[3]))
+        else:
+            cmd = qm.decode_command(payload[1])
+        self.state, reply, effects = qm.apply(Meta(index, term, ts), cmd, self.state)
+        if effects:
+            self._run_effects(effects)
+        return reply
+
+    def _remember(self, index: int, msg: Message) -> None:
+        cache = self._cache
+        cache[index] = msg
+        self._cache_bytes += len(msg[1]) + len(msg[0])
+        while self._cache_bytes > self.cache_limit and cache:
+            _, old = cache.popitem(last=False)
+            self._cache_bytes -= len(old[1]) + len(old[0])
+
+    def message(self, index: int) -> Message:
+        msg = self._cache.get(index)
+        if msg is not None:
+            return msg
+        return self._read_message(index)
+
+    def _forget(self, index: int) -> None:
+        msg = self._cache.pop(index, None)
+        if msg is not None:
+            self._cache_bytes -= len(msg[1]) + len(msg[0])
+
+    # ---------------------------------------------------------------- effects
+    def _run_effects(self, effects: list[qe.Effect]) -> None:
+        leader = self.is_leader
+        for eff in effects:
+            t = type(eff)
+            if t is qe.Deliver:
+                if leader:
+                    self._deliver(eff)  # type: ignore[arg-type]
+            elif t is qe.ReleaseCursor:
+                self._release(eff)  # type: ignore[arg-type]
+            elif not leader:
+                continue
+            elif t is qe.SetTimer:
+                self._set_timer(eff.delay_ms)  # type: ignore[union-attr]
+            elif t is qe.RejectPublish:
+                self.blocked_publishers.add(eff.publisher)  # type: ignore[union-attr]
+            elif t is qe.ResumePublish:
+                self.blocked_publishers.discard(eff.publisher)  # type: ignore[union-attr]
+            elif t is qe.DeadLetter:
+                self._dead_letter(eff)  # type: ignore[arg-type]
+            elif t is qe.DeleteQueue:
+                self.host.queue_expired(self.vhost, self.name)
+            elif t is qe.ConsumerCancelled:
+                c = self.consumers.pop(eff.consumer, None)  # type: ignore[union-attr]
+                if c is not None:
+                    c.cancelled_by_server()
+            # ActiveConsumerChanged / DeadLetterDeliver: see docs (at-least-once worker
+            # is not run yet; its messages stay in the queue, nothing is lost).
+
+    def _deliver(self, eff: qe.Deliver) -> None:
+        consumer = self.consumers.get(eff.consumer)
+        if consumer is None:
+            return  # its channel is gone; ChannelDown returns the messages
+        for msg_id, index, count, redelivered in eff.deliveries:
+            consumer.deliver(self, msg_id, self.message(index), count, redelivered)
+
+    def _dead_letter(self, eff: qe.DeadLetter) -> None:
+        out = []
+        for index, count in eff.messages:
+            try:
+                msg = self.message(index)
+            except st.StorageError:
+                log.warning("%s: dead letter %d unreadable", self.name, index)
+                continue
+            out.append((msg, {"reason": eff.reason.value, "queue": self.name, "count": count}))
+        if out:
+            self.host.dead_letter(self.vhost, eff.exchange, eff.routing_key, out)
+
+    def _set_timer(self, delay_ms: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(max(delay_ms, 0) / 1000, self._fire_timer)
+
+    def _fire_timer(self) -> None:
+        self._timer = None
+        if not self.deleted and self.is_leader:
+            try:
+                self.command(qm.Tick())
+            except Exception as exc:  # not leader any more: the new leader owns the timer
+                log.debug("%s: timer tick not proposed: %s", self.name, exc)
+
+    def _release(self, eff: qe.ReleaseCursor) -> None:
+        """Drop cached bodies below the smallest live index."""
+        cache = self._cache
+        while cache:
+            first = next(iter(cache))
+            if first >= eff.smallest_live_index:
+                break
+            self._forget(first)
+
+    # ---------------------------------------------------------------- consumers
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers[consumer.cid] = consumer
+        self.had_consumer = True
+
+    def remove_consumer(self, cid: ConsumerId) -> None:
+        self.consumers.pop(cid, None)
+
+    def overview(self) -> dict[str, Any]:
+        return self.state.overview()
+
+    def close(self) -> None:
+        self.deleted = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class ClassicQueue(QueueProcess):
+    """A node-local, non-replicated queue (exclusive/auto-delete/server-named
+    temporaries such as RPC reply queues). Same machine, applied directly;
+    its messages live in memory and do not survive a restart."""
+
+    kind = "classic"
+
+    def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig) -> None:
+        super().__init__(host, vhost, name, config)
+        self._index = 0
+        self.cache_limit = 1 << 62  # the cache is the only copy
+
+    def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._index += 1
+        ts = int(time.time() * 1000)
+        try:
+            fut.set_result(self._apply_payload(self._index, 1, ts, payload))
+        except Exception as exc:  # a broken invariant stops this queue only
+            fut.set_exception(exc)
+        return fut
+
+    def _read_message(self, index: int) -> Message:
+        raise KeyError(f"classic queue {self.name}: message {index} is gone")
+
+
+class QuorumQueue(QueueProcess):
+    """A replicated quorum queue member on this node (its Raft group)."""
+
+    kind = "quorum"
+
+    def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig,
+                 glog: st.GroupLog, members: list[str], raft_config: RaftConfig,
+                 on_role_change: Callable[[QuorumQueue], None] | None = None) -> None:
+        super().__init__(host, vhost, name, config)
+        self.glog = glog
+        self._on_role = on_role_change
+        applied = 0
+        snap = glog.latest_snapshot()
+        if snap is not None:
+            self.state = qm.restore(snap.data)
+            applied = snap.meta.index
+        self.group = RaftGroup(
+            glog.group_id, host.node_name, glog,
+            Membership(frozenset(NodeId(m) for m in members)),
+            self._apply_payload, host.send_raft, raft_config=raft_config,
+            on_role_change=self._role_changed, on_snapshot=self._install_snapshot,
+            applied=applied,
+        )
+        self.applied_since_snapshot = 0
+        self.snapshot_every = 20_000
+
+    def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
+        return self.group.propose(payload)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.group.role is Role.LEADER
+
+    @property
+    def leader_node(self) -> str | None:
+        return self.group.leader
+
+    def _read_message(self, index: int) -> Message:
+        entries = self.glog.entries(index, index + 1)
+        _ts, payload = wire.unpack(entries[0].data)
+        _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
+        return (props, body, exchange, rk)
+
+    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
+        reply = super()._apply_payload(index, term, ts, payload)
+        self.applied_since_snapshot += 1
+        return reply
+
+    def _release(self, eff: qe.ReleaseCursor) -> None:
+        super()._release(eff)
+        if self.applied_since_snapshot < self.snapshot_every:
+            return
+        node = self.group.node
+        index = min(eff.index, node.max_snapshot_index())
+        if index != self.group.applied_index:
+            return  # the state we hold is not the state at `index`
+        meta = node.snapshot_meta(index)
+        self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config),
+                                qm.snapshot(self.state))
+        node.compacted()
+        self.glog.release(eff.smallest_live_index)
+        self.applied_since_snapshot = 0
+
+    def _install_snapshot(self, data: bytes) -> None:
+        self.state = qm.restore(data)
+
+    def _role_changed(self, role: Role, leader: NodeId | None) -> None:
+        if role is Role.LEADER:
+            self._loop.call_soon(self._leader_housekeeping)
+        if self._on_role is not None:
+            self._on_role(self)
+
+    def _leader_housekeeping(self) -> None:
+        """On election: consumers of channels from an earlier incarnation of a
+        node are gone; their checked-out messages go back to the queue."""
+        if not self.is_leader:
+            return
+        live = self.host.incarnation
+        mine = self.host.node_name + "|"
+        stale = {cid.channel for cid in self.state.consumers
+                 if cid.channel.startswith(mine) and cid.channel.split("/", 1)[0] != live}
+        for ch in sorted(stale):
+            try:
+                self.command(qm.ChannelDown(ch))
+            except Exception as exc:
+                log.debug("%s: ChannelDown(%s) not proposed: %s", self.name, ch, exc)
+        if self.state.timer_at is not None:
+            self._set_timer(0)
+
+    def close(self) -> None:
+        super().close()
+        self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
+
+
+__all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QuorumQueue"]
