@@ -11,6 +11,8 @@ field tables are maps, tuples are arrays (decoded back to tuples).
 """
 from __future__ import annotations
 
+import decimal
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -32,6 +34,7 @@ from .state import (
 from .types import FrozenTable
 
 FORMAT = 1
+EXT_DECIMAL = 1  # same ext code as broker.runtime.wire, so payloads agree
 
 
 class SnapshotError(ValueError):
@@ -65,7 +68,21 @@ def _unrec(cls: type, raw: list[Any]) -> Any:
     return cls(**{n: _dec(x) for n, x in zip(names, raw, strict=True)})
 
 
-def to_bytes(state: MetadataState) -> bytes:
+def _default_hook(obj: Any) -> Any:
+    if isinstance(obj, decimal.Decimal):
+        return msgpack.ExtType(EXT_DECIMAL, str(obj).encode())
+    raise TypeError(f"cannot encode {type(obj).__name__} in a metadata snapshot")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_DECIMAL:
+        return decimal.Decimal(data.decode())
+    return msgpack.ExtType(code, data)
+
+
+def to_bytes(state: MetadataState, default: Callable[[Any], Any] | None = None) -> bytes:
+    """Encode `state`. Decimal field values are built in; pass `default` (a
+    msgpack default hook, e.g. the runtime's for datetime values) for others."""
     doc = {
         "format": FORMAT,
         "last_applied": state.last_applied,
@@ -80,14 +97,17 @@ def to_bytes(state: MetadataState) -> bytes:
         "operator_policies": [_rec(r) for r in state.operator_policies.values()],
         "parameters": [_rec(r) for r in state.parameters.values()],
     }
-    out: bytes = msgpack.packb(doc, use_bin_type=True)
+    out: bytes = msgpack.packb(doc, use_bin_type=True, default=default or _default_hook)
     return out
 
 
-def from_bytes(data: bytes) -> MetadataState:
+def from_bytes(
+    data: bytes, ext_hook: Callable[[int, bytes], Any] | None = None
+) -> MetadataState:
+    """Decode a snapshot; `ext_hook` must match the `default` used to encode it."""
     try:
-        doc = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except (msgpack.UnpackException, ValueError) as e:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=ext_hook or _ext_hook)
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
         raise SnapshotError(f"not a metadata snapshot: {e}") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SnapshotError("unknown metadata snapshot format")

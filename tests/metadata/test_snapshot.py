@@ -99,6 +99,40 @@ def test_roundtrip_keeps_types() -> None:
     assert isinstance(dict(r.arguments)["b"], bytes) and isinstance(dict(r.arguments)["s"], str)
 
 
+def test_decimal_and_injected_hooks() -> None:
+    import decimal
+
+    import msgpack
+
+    d = Driver()
+    d.ok(DeclareQueue("/", "q", arguments={"x-dec": decimal.Decimal("1.25")}, members=("n1",)))
+    assert from_bytes(to_bytes(d.state)) == d.state
+
+    class Stamp:  # stands in for a value only the runtime knows how to encode
+        def __init__(self, v: int) -> None:
+            self.v = v
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Stamp) and other.v == self.v
+
+        def __hash__(self) -> int:
+            return self.v
+
+    d.ok(DeclareQueue("/", "t", arguments={"x-ts": Stamp(5)}, members=("n1",)))
+    with pytest.raises(TypeError):
+        to_bytes(d.state)
+    def enc(o: object) -> msgpack.ExtType:
+        if isinstance(o, Stamp):
+            return msgpack.ExtType(9, bytes([o.v]))
+        return msgpack.ExtType(1, str(o).encode())
+
+    def dec(code: int, b: bytes) -> object:
+        return Stamp(b[0]) if code == 9 else decimal.Decimal(b.decode())
+
+    back = from_bytes(to_bytes(d.state, default=enc), ext_hook=dec)
+    assert back == d.state
+
+
 @pytest.mark.parametrize("data", [b"", b"\x93\x01\x02\x03", b"\x81\xa6format\x02", b"\xc1"])
 def test_garbage_is_refused(data: bytes) -> None:
     with pytest.raises(SnapshotError):
