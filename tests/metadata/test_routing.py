@@ -226,3 +226,38 @@ def test_routing_only_returns_existing_queues(d: Driver) -> None:
     got = route(d.state, "/", "t", "s.3.z")
     assert not isinstance(got, MetadataError)
     assert sorted(got) == sorted(f"q{i}" for i in range(50) if i % 5 == 3 and i % 2 == 1)
+
+
+# -- cache invalidation under random topology changes ---------------------------------
+
+_x = st.sampled_from(["e1", "e2", "e3"])
+_q = st.sampled_from(["a", "b", "c", "d"])
+_k = st.sampled_from(["k", "k.x", "#", "*.x", "k.*"])
+_topology = st.one_of(
+    st.builds(Bind, st.just("/"), _x, _q, st.just("queue"), _k),
+    st.builds(Bind, st.just("/"), _x, _x, st.just("exchange"), _k),
+    st.builds(Unbind, st.just("/"), _x, _q, st.just("queue"), _k),
+    st.builds(Unbind, st.just("/"), _x, _x, st.just("exchange"), _k),
+    st.builds(DeclareExchange, st.just("/"), _x, st.sampled_from(["direct", "fanout", "topic"]),
+              arguments=st.sampled_from([{}, {"alternate-exchange": "e3"}])),
+    st.builds(DeleteExchange, st.just("/"), _x),
+    st.builds(DeclareQueue, st.just("/"), _q, members=st.just(("n1",))),
+    st.builds(DeleteQueue, st.just("/"), _q),
+    st.builds(SetPolicy, st.just("/"), st.just("ae"), st.sampled_from(["^e1$", "^e2$", "x"]),
+              st.sampled_from([{"alternate-exchange": "e2"}, {"alternate-exchange": "e1"}]),
+              apply_to=st.just("exchanges")),
+)
+
+
+@given(st.lists(st.tuples(_topology, st.sampled_from(["k", "k.x", "z"])), min_size=5, max_size=40))
+def test_cached_routes_equal_fresh_routes(steps: list[tuple[Any, str]]) -> None:
+    from broker.metadata import from_bytes, to_bytes
+
+    d = Driver()
+    for name in ("e1", "e2", "e3"):
+        d.ok(DeclareExchange("/", name, "topic"))
+    for cmd, key in steps:
+        d(cmd)
+        fresh = from_bytes(to_bytes(d.state))  # same state, empty routing cache
+        for x in ("e1", "e2", "e3"):
+            assert route(d.state, "/", x, key) == route(fresh, "/", x, key), (x, key)
