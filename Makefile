@@ -21,6 +21,7 @@ run: $(STAMP)
 	$(PY) -m broker.run_local
 
 test: $(STAMP)
+	./scripts/ensure-rabbitmq
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
