@@ -609,12 +609,7 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
     st.ready_bytes += size
     st.enqueued_total += 1
     _checkout(st, now, effects)
-    if cfg.max_length is not None or cfg.max_length_bytes is not None:
-        if cfg.overflow == "reject-publish":
-            if _over_limit(st):
-                _block(st, effects)
-        else:
-            _drop_for_limits(st)
+    # length limits are enforced for every command in `apply`
     return EnqueueResult.ACCEPTED, effects
 
 
@@ -844,11 +839,6 @@ def _update_config(meta: Meta, cmd: UpdateConfig, st: QueueState) -> tuple[Reply
     st.config = new
     if old.at_least_once and not new.at_least_once:
         _drop_dlx(st)
-    if new.overflow != "reject-publish" and (new.max_length is not None
-                                            or new.max_length_bytes is not None):
-        _drop_for_limits(st)
-    if new.overflow == "reject-publish" and not st.blocked and _over_limit(st):
-        _block(st, effects)
     _checkout(st, meta.timestamp_ms, effects)
     return OK, effects
 
@@ -928,6 +918,15 @@ def apply(meta: Meta, command: Command, state: QueueState
     if st.last_active is None:
         st.last_active = meta.timestamp_ms
     reply, effects = handler(meta, command, st)
+    cfg = st.config
+    if cfg.max_length is not None or cfg.max_length_bytes is not None:
+        # evaluated after every command: returns and policy changes can also
+        # take the queue over its limits
+        if cfg.overflow == "reject-publish":
+            if not st.blocked and _over_limit(st):
+                _block(st, effects)
+        elif _over_limit(st):
+            _drop_for_limits(st)
     if st.dls:
         _flush_dead_letters(st, effects)
         if st.dlx_pending:
