@@ -53,19 +53,12 @@ FRAME_HDR: Final = struct.Struct(">BHI")
 _U32: Final = struct.Struct(">I")
 _U16: Final = struct.Struct(">H")
 _HDR_FIXED: Final = struct.Struct(">HHQ")  # class-id, weight, body-size
-_PUBLISH_TICKET: Final = struct.Struct(">IH")  # method id + ticket
 _ACK_ARGS: Final = struct.Struct(">QB")  # delivery-tag + bits
 _DELIVER_MID: Final = struct.Struct(">QB")  # delivery-tag + redelivered bit
 _GET_OK_TAIL: Final = struct.Struct(">I")  # message-count
-_RETURN_HEAD: Final = struct.Struct(">IH")  # method id + reply-code
-_METHOD_FRAME_HEAD: Final = struct.Struct(">BHII")  # type, channel, size, method id
 
 HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
-_DELIVER_ID_BYTES: Final = _U32.pack(DELIVER_ID)
-_GET_OK_ID_BYTES: Final = _U32.pack(GET_OK_ID)
-_ACK_ID_BYTES: Final = _U32.pack(ACK_ID)
-_NACK_ID_BYTES: Final = _U32.pack(NACK_ID)
 
 
 def _shortstr(value: str) -> bytes:
@@ -130,32 +123,53 @@ def decode_content_header(payload: bytes | memoryview) -> tuple[int, int, int, b
 # Outgoing fast path
 
 
-def encode_content(channel: int, properties_raw: bytes, body: bytes, frame_max: int) -> list[bytes]:
-    """Content header frame + body frames (split so no frame exceeds frame_max;
-    frame_max 0 means unlimited), as a list of byte strings to be joined."""
-    out = [
-        FRAME_HDR.pack(FRAME_HEADER, channel, 12 + len(properties_raw)),
-        _HDR_FIXED.pack(BASIC_CLASS, 0, len(body)),
-        properties_raw,
-        FRAME_END_BYTE,
-    ]
+# Method frame end + content header frame start + class/weight/body-size, in one pack.
+_END_HEADER_START: Final = struct.Struct(">BBHIHHQ")
+# Frame end + body frame header, in one pack.
+_END_BODY_START: Final = struct.Struct(">BBHI")
+_DELIVER_HEAD: Final = struct.Struct(">BHII")  # method frame header + method id
+
+_SHORTSTR_CACHE: dict[str, bytes] = {}
+_SHORTSTR_CACHE_MAX: Final = 4096
+
+
+def _ss(value: str) -> bytes:
+    """Encoded shortstr, memoised: consumer tags, exchanges and routing keys repeat."""
+    hit = _SHORTSTR_CACHE.get(value)
+    if hit is None:
+        hit = _shortstr(value)
+        if len(_SHORTSTR_CACHE) >= _SHORTSTR_CACHE_MAX:
+            _SHORTSTR_CACHE.clear()
+        _SHORTSTR_CACHE[value] = hit
+    return hit
+
+
+def _content_tail(channel: int, properties_raw: bytes, body: bytes, frame_max: int) -> list[bytes | memoryview]:
+    """Frame end of the preceding method frame, then content header + body frames."""
     size = len(body)
+    out: list[bytes | memoryview] = [
+        _END_HEADER_START.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(properties_raw), BASIC_CLASS, 0, size),
+        properties_raw,
+    ]
     if not size:
+        out.append(FRAME_END_BYTE)
         return out
     chunk = frame_max - FRAME_OVERHEAD if frame_max else size
     if size <= chunk:
-        out += (FRAME_HDR.pack(FRAME_BODY, channel, size), body, FRAME_END_BYTE)
+        out += (_END_BODY_START.pack(FRAME_END, FRAME_BODY, channel, size), body, FRAME_END_BYTE)
         return out
     view = memoryview(body)
     for start in range(0, size, chunk):
         piece = view[start : start + chunk]
-        out += (FRAME_HDR.pack(FRAME_BODY, channel, len(piece)), piece.tobytes(), FRAME_END_BYTE)
+        out += (_END_BODY_START.pack(FRAME_END, FRAME_BODY, channel, len(piece)), piece)
+    out.append(FRAME_END_BYTE)
     return out
 
 
-def _method_frame(channel: int, args: list[bytes]) -> list[bytes]:
-    size = sum(len(a) for a in args)
-    return [FRAME_HDR.pack(FRAME_METHOD, channel, size), *args, FRAME_END_BYTE]
+def encode_content(channel: int, properties_raw: bytes, body: bytes, frame_max: int) -> bytes:
+    """Content header frame + body frames (split so no frame exceeds frame_max;
+    frame_max 0 means unlimited)."""
+    return b"".join(_content_tail(channel, properties_raw, body, frame_max))[1:]
 
 
 def encode_deliver(
@@ -170,14 +184,10 @@ def encode_deliver(
     frame_max: int,
 ) -> bytes:
     """basic.deliver + content header + body frames, byte-identical to pamqp's."""
-    args = [
-        _DELIVER_ID_BYTES,
-        _shortstr(consumer_tag),
-        _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0),
-        _shortstr(exchange),
-        _shortstr(routing_key),
-    ]
-    return b"".join(_method_frame(channel, args) + encode_content(channel, properties_raw, body, frame_max))
+    ct, ex, rk = _ss(consumer_tag), _ss(exchange), _ss(routing_key)
+    head = _DELIVER_HEAD.pack(FRAME_METHOD, channel, 13 + len(ct) + len(ex) + len(rk), DELIVER_ID)
+    mid = _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0)
+    return b"".join([head, ct, mid, ex, rk, *_content_tail(channel, properties_raw, body, frame_max)])
 
 
 def encode_get_ok(
@@ -192,14 +202,12 @@ def encode_get_ok(
     frame_max: int,
 ) -> bytes:
     """basic.get-ok + content header + body frames."""
-    args = [
-        _GET_OK_ID_BYTES,
-        _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0),
-        _shortstr(exchange),
-        _shortstr(routing_key),
-        _GET_OK_TAIL.pack(message_count),
-    ]
-    return b"".join(_method_frame(channel, args) + encode_content(channel, properties_raw, body, frame_max))
+    ex, rk = _ss(exchange), _ss(routing_key)
+    head = _DELIVER_HEAD.pack(FRAME_METHOD, channel, 17 + len(ex) + len(rk), GET_OK_ID)
+    mid = _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0)
+    return b"".join(
+        [head, mid, ex, rk, _GET_OK_TAIL.pack(message_count), *_content_tail(channel, properties_raw, body, frame_max)]
+    )
 
 
 def encode_return(
@@ -213,13 +221,11 @@ def encode_return(
     frame_max: int,
 ) -> bytes:
     """basic.return + content header + body frames (mandatory publish that was not routed)."""
-    args = [
-        _RETURN_HEAD.pack(RETURN_ID, reply_code),
-        _shortstr(reply_text),
-        _shortstr(exchange),
-        _shortstr(routing_key),
-    ]
-    return b"".join(_method_frame(channel, args) + encode_content(channel, properties_raw, body, frame_max))
+    text, ex, rk = _ss(reply_text), _ss(exchange), _ss(routing_key)
+    head = _DELIVER_HEAD.pack(FRAME_METHOD, channel, 6 + len(text) + len(ex) + len(rk), RETURN_ID)
+    return b"".join(
+        [head, _U16.pack(reply_code), text, ex, rk, *_content_tail(channel, properties_raw, body, frame_max)]
+    )
 
 
 _ACK_FRAME: Final = struct.Struct(">BHIIQBB")  # whole basic.ack/nack frame

@@ -98,6 +98,7 @@ from .events import (
 from .tables import validate_properties
 
 _U32 = struct.Struct(">I")
+_VALID_PROPS_CACHE: Final = 64
 
 CHANNEL_OPEN_ID: Final = 0x0014000A
 CHANNEL_FLOW_ID: Final = 0x00140014
@@ -153,10 +154,16 @@ class ChannelState(enum.Enum):
     CLOSING = "closing"  # we sent channel.close, awaiting close-ok
 
 
-class _Content(enum.IntEnum):
-    IDLE = 0
-    HEADER = 1  # after basic.publish, expecting the content header
-    BODY = 2  # after the header, expecting `remaining` more body bytes
+# Content-assembly phase of a channel (plain ints: compared on every frame).
+_IDLE: Final = 0
+_HEADER: Final = 1  # after basic.publish, expecting the content header
+_BODY: Final = 2  # after the header, expecting `remaining` more body bytes
+
+
+_CH_OPEN: Final = ChannelState.OPEN
+_CH_CLOSING: Final = ChannelState.CLOSING
+_AWAIT_HEADER: Final = ConnectionState.AWAIT_HEADER
+_FRAME_HDR_UNPACK: Final = FRAME_HDR.unpack_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +226,7 @@ class TickResult:
 @dataclass(slots=True)
 class _Channel:
     state: ChannelState = ChannelState.OPEN
-    content: _Content = _Content.IDLE
+    content: int = _IDLE
     # Pending publish (valid while content != IDLE).
     exchange: str = ""
     routing_key: str = ""
@@ -230,7 +237,7 @@ class _Channel:
     parts: list[bytes] = field(default_factory=list)
 
     def reset_content(self) -> None:
-        self.content = _Content.IDLE
+        self.content = _IDLE
         self.parts = []
         self.properties_raw = b""
         self.remaining = 0
@@ -256,7 +263,8 @@ class ServerConnection:
 
     def __init__(self, config: ServerConfig | None = None) -> None:
         self.config = config or ServerConfig()
-        self.state = ConnectionState.AWAIT_HEADER
+        self._state = ConnectionState.AWAIT_HEADER
+        self._handler: _Handler = ServerConnection._in_await_header
         # Negotiated values; before tune-ok the server's proposals bound input.
         self.frame_max = self.config.frame_max
         self.channel_max = self.config.channel_max
@@ -267,9 +275,13 @@ class ServerConnection:
         self.virtual_host: str | None = None
         self.blocked = False
         self._channels: dict[int, _Channel] = {}
-        self._buf = bytearray()
-        self._pos = 0  # Invariant: bytes before _pos in _buf are consumed
+        # Input: _buf[_pos:] is unconsumed, followed by the chunks in _pending.
+        self._buf = b""
+        self._pos = 0
+        self._pending: list[bytes] = []
+        self._pending_len = 0
         self._skip = 0  # bytes of a refused oversized frame still to discard
+        self._valid_props: dict[bytes, None] = {}  # recently validated properties_raw
         self._max_payload = self.config.frame_max - FRAME_OVERHEAD
         self._events: deque[Event] = deque()
         self._outbox: list[bytes] = []
@@ -282,23 +294,48 @@ class ServerConnection:
         self._closing_since: float | None = None
         self.dropped_sends = 0  # deliveries dropped because their channel was gone
 
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    def _set_state(self, state: ConnectionState) -> None:
+        # Invariant: _handler is always _HANDLERS[_state] (cached: enum hashing is slow).
+        self._state = state
+        self._handler = _HANDLERS[state]
+
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes) -> None:
         """Feed bytes read from the socket; b"" means the peer closed it (EOF)."""
         if not data:
-            if self.state is not ConnectionState.CLOSED:
+            if self._state is not ConnectionState.CLOSED:
                 self._set_closed()
                 self._events.append(ConnectionLost())
             return
-        if self.state is ConnectionState.CLOSED:
+        if self._state is ConnectionState.CLOSED:
             return
         self._received = True
-        buf = self._buf
-        if self._pos:
-            del buf[: self._pos]
-            self._pos = 0
-        buf += data
+        self._pending.append(data)
+        self._pending_len += len(data)
+
+    def _fill(self, need: int) -> bool:
+        """Make `need` unconsumed bytes contiguous in _buf (from _pos = 0).
+
+        Chunks are only joined once a whole frame (or header) is available, so a
+        peer trickling a large frame byte by byte costs linear, not quadratic, time.
+        """
+        have = len(self._buf) - self._pos
+        if have + self._pending_len < need:
+            return False
+        pending = self._pending
+        if have == 0 and len(pending) == 1:
+            self._buf = pending[0]
+        else:
+            self._buf = b"".join([self._buf[self._pos :], *pending])
+        self._pos = 0
+        pending.clear()
+        self._pending_len = 0
+        return True
 
     def next_event(self) -> Event | _Sentinel:
         """The next event, or NEED_DATA, or CLOSED once the connection is over."""
@@ -306,7 +343,7 @@ class ServerConnection:
         while True:
             if events:
                 return events.popleft()
-            if self.state is ConnectionState.CLOSED:
+            if self._state is ConnectionState.CLOSED:
                 return CLOSED
             if not self._step():
                 return NEED_DATA
@@ -315,42 +352,45 @@ class ServerConnection:
         """Consume one frame (or the protocol header). False if more bytes are needed."""
         buf = self._buf
         pos = self._pos
-        avail = len(buf) - pos
-        state = self.state
         try:
-            if state is ConnectionState.AWAIT_HEADER:
-                if avail < 8:
-                    return False
-                self._pos = pos + 8
-                self._on_protocol_header(bytes(buf[pos : pos + 8]))
-                return True
             if self._skip:
                 # Still inside an oversized frame we refused: drop its bytes so the
                 # stream stays in sync and the client's close-ok can be read.
-                n = min(self._skip, avail)
+                if len(buf) - pos == 0 and not self._fill(1):
+                    return False
+                buf, pos = self._buf, self._pos
+                n = min(self._skip, len(buf) - pos)
                 self._skip -= n
                 self._pos = pos + n
-                return n > 0
-            if avail < 7:
-                return False
-            ftype, channel, size = FRAME_HDR.unpack_from(buf, pos)
+                return True
+            if len(buf) - pos < 8:
+                if not self._fill(8 if self._state is _AWAIT_HEADER else 7):
+                    return False
+                buf, pos = self._buf, 0
+            if self._state is _AWAIT_HEADER:
+                self._pos = pos + 8
+                self._on_protocol_header(buf[pos : pos + 8])
+                return True
+            ftype, channel, size = _FRAME_HDR_UNPACK(buf, pos)
             if size > self._max_payload:
                 self._pos = pos + 7
                 self._skip = size + 1
                 raise _frame_error(ftype, b"", f"{{frame_too_large,{size},{self._max_payload}}}")
             end = pos + 7 + size
             if len(buf) <= end:
-                return False
-            payload = bytes(buf[pos + 7 : end])
+                if not self._fill(8 + size):
+                    return False
+                buf, pos, end = self._buf, 0, 7 + size
+            payload = buf[pos + 7 : end]
             self._pos = end + 1
             if buf[end] != FRAME_END:
                 raise _frame_error(ftype, payload, f"{{invalid_frame_end_marker,{buf[end]}}}")
-            _HANDLERS[state](self, ftype, channel, payload)
+            self._handler(self, ftype, channel, payload)
         except AMQPConnectionError as exc:
-            if self.state is ConnectionState.CLOSING:
+            if self._state is ConnectionState.CLOSING:
                 self._set_closed()  # garbage while waiting for close-ok: give up
             else:
-                self._terminate(exc, send_close=self.state not in _SILENT_STATES)
+                self._terminate(exc, send_close=self._state not in _SILENT_STATES)
         return True
 
     # ----------------------------------------------------------- per state
@@ -379,7 +419,7 @@ class ServerConnection:
             locales=" ".join(cfg.locales),
         )
         self._emit(codec.encode_method(0, start))
-        self.state = ConnectionState.START_SENT
+        self._set_state(ConnectionState.START_SENT)
         self._events.append(ProtocolHeaderReceived((0, 9, 1)))
 
     def _handshake_method(self, ftype: int, channel: int, payload: bytes) -> pamqp_base.Frame | None:
@@ -404,7 +444,7 @@ class ServerConnection:
         return method
 
     def _unexpected_in_state(self, method: pamqp_base.Frame) -> AMQPConnectionError:
-        name = _RABBIT_STATE_NAME.get(self.state, self.state.value)
+        name = _RABBIT_STATE_NAME.get(self._state, self._state.value)
         return AMQPConnectionError(
             ReplyCode.CHANNEL_ERROR,
             f"unexpected method in connection state {name}",
@@ -430,7 +470,7 @@ class ServerConnection:
         self.client_properties = dict(props)
         self.mechanism = mechanism
         self.username = username
-        self.state = ConnectionState.AUTHENTICATING
+        self._set_state(ConnectionState.AUTHENTICATING)
         self._events.append(
             ConnectionStartOk(mechanism, raw, self.client_properties, method.locale or "", username, password)
         )
@@ -476,16 +516,16 @@ class ServerConnection:
         self.channel_max = cm
         self.heartbeat = hb
         self._max_payload = fm - FRAME_OVERHEAD
-        self.state = ConnectionState.AWAIT_OPEN
+        self._set_state(ConnectionState.AWAIT_OPEN)
         self._events.append(ConnectionTuneOk(cm, fm, hb))
 
     def _in_await_open(self, ftype: int, channel: int, payload: bytes) -> None:
         method = self._handshake_method(ftype, channel, payload)
         if method is None:
             return
-        if self.state is ConnectionState.AWAIT_OPEN and isinstance(method, C.Connection.Open):
+        if self._state is ConnectionState.AWAIT_OPEN and isinstance(method, C.Connection.Open):
             self.virtual_host = method.virtual_host
-            self.state = ConnectionState.OPENING
+            self._set_state(ConnectionState.OPENING)
             self._events.append(ConnectionOpen(method.virtual_host))
             return
         raise self._unexpected_in_state(method)
@@ -506,10 +546,10 @@ class ServerConnection:
                 raise AMQPConnectionError(
                     ReplyCode.CHANNEL_ERROR, "expected 'channel.open'", mid >> 16, mid & 0xFFFF
                 )
-            if chan.state is ChannelState.CLOSING:
+            if chan.state is _CH_CLOSING:
                 self._method_on_closing_channel(channel, mid, payload)
                 return
-            if chan.content is not _Content.IDLE:
+            if chan.content is not _IDLE:
                 raise self._unexpected_content(chan, "method")
             if mid == PUBLISH_ID:
                 try:
@@ -520,7 +560,7 @@ class ServerConnection:
                 chan.routing_key = routing_key
                 chan.mandatory = mandatory
                 chan.immediate = immediate
-                chan.content = _Content.HEADER
+                chan.content = _HEADER
                 return
             if mid == ACK_ID or mid == NACK_ID or mid == REJECT_ID:
                 try:
@@ -538,9 +578,9 @@ class ServerConnection:
             return
         if ftype == FRAME_HEADER or ftype == FRAME_BODY:
             chan = self._channels.get(channel) if channel else None
-            if chan is not None and chan.state is ChannelState.CLOSING:
+            if chan is not None and chan.state is _CH_CLOSING:
                 return  # discarded: the channel is closing
-            if chan is None or chan.content is _Content.IDLE:
+            if chan is None or chan.content is _IDLE:
                 raise AMQPConnectionError(
                     ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
                 )
@@ -575,6 +615,9 @@ class ServerConnection:
 
     def _in_closed(self, ftype: int, channel: int, payload: bytes) -> None:  # pragma: no cover
         return
+
+    def _in_await_header(self, ftype: int, channel: int, payload: bytes) -> None:  # pragma: no cover
+        raise ProtocolStateError("frames are not parsed before the protocol header")
 
     # ------------------------------------------------------- open-state parts
 
@@ -657,19 +700,24 @@ class ServerConnection:
             self._events.append(MethodReceived(channel, method))
 
     def _unexpected_content(self, chan: _Channel, got: str) -> AMQPConnectionError:
-        if chan.content is _Content.HEADER:
+        if chan.content is _HEADER:
             detail = "expected content header for class 60, got non content header frame instead"
         else:
             detail = "expected content body, got non content body frame instead"
         return AMQPConnectionError(ReplyCode.UNEXPECTED_FRAME, detail, 60, 40)
 
     def _content_header(self, channel: int, chan: _Channel, payload: bytes) -> None:
-        if chan.content is not _Content.HEADER:
+        if chan.content is not _HEADER:
             raise self._unexpected_content(chan, "header")
         try:
             class_id, weight, body_size, props = codec.decode_content_header(payload)
-            if class_id == 60 and weight == 0:
+            if class_id == 60 and weight == 0 and props not in self._valid_props:
                 validate_properties(props)
+                # Publishers usually repeat identical properties: remember the
+                # last few validated encodings (bounded, oldest evicted first).
+                if len(self._valid_props) >= _VALID_PROPS_CACHE:
+                    del self._valid_props[next(iter(self._valid_props))]
+                self._valid_props[props] = None
         except FrameDecodeError:
             raise _frame_error(FRAME_HEADER, payload, "unknown_frame") from None
         if class_id != 60:
@@ -700,10 +748,10 @@ class ServerConnection:
             return
         chan.properties_raw = props
         chan.remaining = body_size
-        chan.content = _Content.BODY
+        chan.content = _BODY
 
     def _content_body(self, channel: int, chan: _Channel, payload: bytes) -> None:
-        if chan.content is not _Content.BODY:
+        if chan.content is not _BODY:
             raise self._unexpected_content(chan, "body")
         n = len(payload)
         if n > chan.remaining:
@@ -740,21 +788,23 @@ class ServerConnection:
         )
 
     def _set_closed(self) -> None:
-        self.state = ConnectionState.CLOSED
-        self._buf = bytearray()
+        self._set_state(ConnectionState.CLOSED)
+        self._buf = b""
         self._pos = 0
+        self._pending.clear()
+        self._pending_len = 0
         for chan in self._channels.values():
             chan.reset_content()
 
     def _terminate(self, exc: AMQPProtocolError, send_close: bool) -> None:
-        if self.state in (ConnectionState.CLOSED, ConnectionState.CLOSING):
+        if self._state in (ConnectionState.CLOSED, ConnectionState.CLOSING):
             return
         if send_close:
             close = C.Connection.Close(
                 reply_code=exc.code, reply_text=exc.text, class_id=exc.class_id, method_id=exc.method_id
             )
             self._emit(codec.encode_method(0, close))
-            self.state = ConnectionState.CLOSING
+            self._set_state(ConnectionState.CLOSING)
             self._closing_since = None
             for chan in self._channels.values():
                 chan.reset_content()
@@ -764,7 +814,7 @@ class ServerConnection:
 
     def _channel_close(self, channel: int, exc: AMQPProtocolError) -> bytes:
         chan = self._channels[channel]
-        chan.state = ChannelState.CLOSING
+        chan.state = _CH_CLOSING
         chan.reset_content()
         close = C.Channel.Close(
             reply_code=exc.code, reply_text=exc.text, class_id=exc.class_id, method_id=exc.method_id
@@ -794,11 +844,11 @@ class ServerConnection:
         return data
 
     def _can_send(self, channel: int) -> bool:
-        if self.state is not ConnectionState.OPEN:
+        if self._state is not ConnectionState.OPEN:
             self.dropped_sends += 1
             return False
         chan = self._channels.get(channel)
-        if chan is None or chan.state is not ChannelState.OPEN:
+        if chan is None or chan.state is not _CH_OPEN:
             self.dropped_sends += 1
             return False
         return True
@@ -806,7 +856,7 @@ class ServerConnection:
     @property
     def open_channels(self) -> frozenset[int]:
         """Channels that are open (not closing)."""
-        return frozenset(n for n, c in self._channels.items() if c.state is ChannelState.OPEN)
+        return frozenset(n for n, c in self._channels.items() if c.state is _CH_OPEN)
 
     def channel_state(self, channel: int) -> ChannelState | None:
         chan = self._channels.get(channel)
@@ -816,18 +866,18 @@ class ServerConnection:
 
     def accept_login(self) -> bytes:
         """Credentials are valid: send connection.tune."""
-        if self.state is not ConnectionState.AUTHENTICATING:
-            raise ProtocolStateError(f"accept_login() in state {self.state.name}")
+        if self._state is not ConnectionState.AUTHENTICATING:
+            raise ProtocolStateError(f"accept_login() in state {self._state.name}")
         cfg = self.config
-        self.state = ConnectionState.TUNE_SENT
+        self._set_state(ConnectionState.TUNE_SENT)
         tune = C.Connection.Tune(channel_max=cfg.channel_max, frame_max=cfg.frame_max, heartbeat=cfg.heartbeat)
         return self._out(codec.encode_method(0, tune))
 
     def reject_login(self) -> bytes:
         """Credentials are wrong: 403 ACCESS_REFUSED (sent only if the client
         announced the authentication_failure_close capability, else silent)."""
-        if self.state is not ConnectionState.AUTHENTICATING:
-            raise ProtocolStateError(f"reject_login() in state {self.state.name}")
+        if self._state is not ConnectionState.AUTHENTICATING:
+            raise ProtocolStateError(f"reject_login() in state {self._state.name}")
         exc = AMQPConnectionError(
             ReplyCode.ACCESS_REFUSED,
             f"Login was refused using authentication mechanism {self.mechanism}. "
@@ -840,9 +890,9 @@ class ServerConnection:
 
     def accept_open(self) -> bytes:
         """The vhost exists and the user may use it: send connection.open-ok."""
-        if self.state is not ConnectionState.OPENING:
-            raise ProtocolStateError(f"accept_open() in state {self.state.name}")
-        self.state = ConnectionState.OPEN
+        if self._state is not ConnectionState.OPENING:
+            raise ProtocolStateError(f"accept_open() in state {self._state.name}")
+        self._set_state(ConnectionState.OPEN)
         return self._out(codec.encode_method(0, C.Connection.OpenOk()))
 
     # errors
@@ -863,7 +913,7 @@ class ServerConnection:
         if int(code) not in CHANNEL_LEVEL_CODES:
             return self.connection_error(code, text, class_id, method_id)
         chan = self._channels.get(channel)
-        if self.state is not ConnectionState.OPEN or chan is None or chan.state is not ChannelState.OPEN:
+        if self._state is not ConnectionState.OPEN or chan is None or chan.state is not _CH_OPEN:
             return b""
         data = self._channel_close(channel, AMQPChannelError(code, text, class_id, method_id))
         if _queue:
@@ -874,7 +924,7 @@ class ServerConnection:
     def connection_error(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> bytes:
         """Close the connection with connection.close(code, "NAME - text") and wait
         for close-ok (state CLOSING). Also queues a ConnectionTerminated event."""
-        if self.state in (ConnectionState.CLOSED, ConnectionState.CLOSING):
+        if self._state in (ConnectionState.CLOSED, ConnectionState.CLOSING):
             return self.data_to_send()
         self._terminate(AMQPConnectionError(code, text, class_id, method_id), send_close=True)
         return self.data_to_send()
@@ -887,12 +937,12 @@ class ServerConnection:
         """Turn an exception raised by broker logic into the right close."""
         if isinstance(exc, AMQPChannelError) and channel:
             chan = self._channels.get(channel)
-            if chan is None or chan.state is not ChannelState.OPEN or self.state is not ConnectionState.OPEN:
+            if chan is None or chan.state is not _CH_OPEN or self._state is not ConnectionState.OPEN:
                 return b""
             return self._out(self._channel_close(channel, exc))
-        if self.state in (ConnectionState.CLOSED, ConnectionState.CLOSING):
+        if self._state in (ConnectionState.CLOSED, ConnectionState.CLOSING):
             return b""
-        self._terminate(exc, send_close=self.state not in _SILENT_STATES)
+        self._terminate(exc, send_close=self._state not in _SILENT_STATES)
         return self.data_to_send()
 
     # generic and fast sends
@@ -989,13 +1039,13 @@ class ServerConnection:
     def send_blocked(self, reason: str = "low on memory") -> bytes:
         """connection.blocked, only to clients with the connection.blocked capability
         and only once until send_unblocked()."""
-        if self.state is not ConnectionState.OPEN or self.blocked or not self._client_has("connection.blocked"):
+        if self._state is not ConnectionState.OPEN or self.blocked or not self._client_has("connection.blocked"):
             return b""
         self.blocked = True
         return self._out(codec.encode_method(0, C.Connection.Blocked(reason=reason)))
 
     def send_unblocked(self) -> bytes:
-        if self.state is not ConnectionState.OPEN or not self.blocked:
+        if self._state is not ConnectionState.OPEN or not self.blocked:
             return b""
         self.blocked = False
         return self._out(codec.encode_method(0, C.Connection.Unblocked()))
@@ -1018,7 +1068,7 @@ class ServerConnection:
         if self._sent or self._last_sent is None:
             self._last_sent = now
             self._sent = False
-        state = self.state
+        state = self._state
         if state is ConnectionState.CLOSED:
             return TickResult(b"", False)
         if state is ConnectionState.CLOSING:
@@ -1070,6 +1120,7 @@ def _parse_credentials(mechanism: str, response: bytes) -> tuple[str | None, str
 
 
 _HANDLERS: Final[dict[ConnectionState, _Handler]] = {
+    ConnectionState.AWAIT_HEADER: ServerConnection._in_await_header,
     ConnectionState.START_SENT: ServerConnection._in_start_sent,
     ConnectionState.AUTHENTICATING: ServerConnection._in_authenticating,
     ConnectionState.TUNE_SENT: ServerConnection._in_tune_sent,
