@@ -355,6 +355,7 @@ class RaftNode:
             me = self.progress[self.id]
             me.match = max(0, self.log.durable_index())
             me.become_replicate()
+            me.next = last + 2  # the NOOP appended below
         # §8: commit an entry of our term to learn/commit what earlier terms left.
         self._append_entries([Entry(Term(self.term), Index(last + 1), EntryKind.NOOP, b"")])
         # No conf change until an entry of this term is committed (the
@@ -1084,6 +1085,7 @@ class RaftNode:
                 d = log.durable_index()
                 if d > me.match:
                     me.match = d
+                    me.next = d + 1
                     self._maybe_commit_and_bcast()
 
     def _drain_persisted(self) -> None:
