@@ -1,0 +1,185 @@
+"""Property test: GroupLog against an in-memory reference log.
+
+Hypothesis drives appends, overwrites (new term), hard states, snapshots,
+snapshot installs past the log, releases, syncs and restarts of the whole
+LogManager, with tiny WAL/segment sizes so roll-over and segment flushing
+happen all the time (in the background thread, at arbitrary moments).
+After every step the storage must agree with the model.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from broker.storage import Entry, GroupLog, HardState, LogManager, StorageConfig
+
+from .helpers import payload
+
+GROUPS = ["a", "%2F/b"]
+# Real files, but no fsync: this test checks the log's logic (hundreds of
+# restarts); durability with real fsync is what test_crash.py checks.
+CFG = StorageConfig(wal_max_size_bytes=1500, segment_max_entries=3, sync_method="none")
+
+
+@dataclass
+class Model:
+    log: dict[int, Entry] = field(default_factory=dict)
+    first: int = 1  # first index the model still holds
+    snap: tuple[int, int] | None = None
+    hs: HardState = HardState()
+    max_term: int = 1
+    release_bound: int = 0  # storage may have deleted entries below this
+
+    @property
+    def log_last(self) -> int:
+        return max(self.log) if self.log else self.first - 1
+
+    @property
+    def last(self) -> int:
+        return max(self.log_last, self.snap[0] if self.snap else 0)
+
+
+class StorageMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="qq-storage-model-")
+        self.models = {g: Model() for g in GROUPS}
+        self.mgr: LogManager
+        self.logs: dict[str, GroupLog] = {}
+        self._open()
+
+    def _open(self) -> None:
+        self.mgr = LogManager(self.dir, CFG)
+        self.logs = {g: self.mgr.open_group(g) for g in GROUPS}
+
+    def teardown(self) -> None:
+        self.mgr.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _append(self, g: str, f: int, n: int, term: int, sizes: list[int]) -> None:
+        m = self.models[g]
+        new = [Entry(i, term, payload(g, i, term, sizes[(i - f) % len(sizes)]), i % 3)
+               for i in range(f, f + n)]
+        self.logs[g].append(new)
+        if m.snap is not None and f == m.snap[0] + 1 and m.log_last < f - 1:
+            m.log.clear()
+            m.first = f
+        for i in [i for i in m.log if i >= f]:
+            del m.log[i]
+        for e in new:
+            m.log[e.index] = e
+
+    @rule(g=st.sampled_from(GROUPS), n=st.integers(1, 6),
+          sizes=st.lists(st.integers(0, 200), min_size=1, max_size=3))
+    def append(self, g: str, n: int, sizes: list[int]) -> None:
+        m = self.models[g]
+        self._append(g, m.last + 1, n, m.max_term, sizes)
+
+    @rule(g=st.sampled_from(GROUPS), back=st.integers(0, 12), n=st.integers(1, 5),
+          sizes=st.lists(st.integers(0, 200), min_size=1, max_size=3))
+    def overwrite(self, g: str, back: int, n: int, sizes: list[int]) -> None:
+        m = self.models[g]
+        if not m.log:
+            return
+        # Raft never overwrites a snapshotted (committed) entry
+        lo = max(self.logs[g].first_index(), m.first, (m.snap[0] + 1) if m.snap else 0)
+        f = max(lo, m.log_last - back)
+        if m.snap is not None and m.snap[0] > m.log_last:
+            return  # after an install the next append restarts the log instead
+        m.max_term += 1
+        self._append(g, f, n, m.max_term, sizes)
+
+    @rule(g=st.sampled_from(GROUPS), vote=st.sampled_from([None, "n1", "n2"]),
+          commit=st.integers(0, 50))
+    def hard_state(self, g: str, vote: str | None, commit: int) -> None:
+        m = self.models[g]
+        m.hs = HardState(m.max_term, vote, commit)
+        self.logs[g].set_hard_state(m.hs)
+
+    @rule(g=st.sampled_from(GROUPS), back=st.integers(0, 10))
+    def snapshot(self, g: str, back: int) -> None:
+        m = self.models[g]
+        if not m.log:
+            return
+        idx = max(self.logs[g].first_index(), m.log_last - back, m.snap[0] if m.snap else 0)
+        if idx not in m.log:
+            return
+        self.logs[g].save_snapshot(idx, m.log[idx].term, b"c", f"s{idx}".encode())
+        m.snap = (idx, m.log[idx].term)
+
+    @rule(g=st.sampled_from(GROUPS), gap=st.integers(1, 5))
+    def install_snapshot(self, g: str, gap: int) -> None:
+        m = self.models[g]
+        m.max_term += 1
+        idx = m.last + gap
+        self.logs[g].save_snapshot(idx, m.max_term, b"c", b"installed")
+        m.snap = (idx, m.max_term)
+
+    @rule(g=st.sampled_from(GROUPS), live=st.integers(0, 80))
+    def release(self, g: str, live: int) -> None:
+        m = self.models[g]
+        self.logs[g].release(live)
+        if m.snap is not None:
+            m.release_bound = max(m.release_bound, min(live, m.snap[0] + 1))
+
+    @rule()
+    def sync(self) -> None:
+        self.mgr.sync()
+        for g, log in self.logs.items():
+            m = self.models[g]
+            if m.log and log.first_index() <= m.log_last:
+                assert log.durable_index() == m.log_last
+            assert log.durable_hard_state() == m.hs
+
+    @rule()
+    def wait_flushed(self) -> None:
+        self.mgr.sync()
+        assert self.mgr.wait_flushed(10)
+
+    @rule()
+    def restart(self) -> None:
+        self.mgr.close()
+        self._open()
+        for g, log in self.logs.items():
+            m = self.models[g]
+            assert log.hard_state() == m.hs
+            if m.log and log.first_index() <= m.log_last:
+                assert log.durable_index() == m.log_last
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        for g, log in self.logs.items():
+            m = self.models[g]
+            assert log.last_index() == m.last
+            first = log.first_index()
+            # whole segments below the release bound may be gone, nothing else
+            must_keep = [i for i in m.log if i >= m.release_bound]
+            assert m.first <= first <= min(must_keep, default=m.last + 1), (first, m)
+            if first <= m.log_last:
+                got = log.entries(first, m.log_last + 1)
+                assert got == [m.log[i] for i in range(first, m.log_last + 1)]
+                assert log.term(m.log_last) == m.log[m.log_last].term
+            if m.snap is not None:
+                assert log.term(m.snap[0]) == m.snap[1]
+                meta = log.snapshot_meta()
+                assert meta is not None and (meta.index, meta.term) == m.snap
+            assert log.hard_state() == m.hs
+
+    @precondition(lambda self: True)
+    @rule(g=st.sampled_from(GROUPS))
+    def latest_snapshot_is_readable(self, g: str) -> None:
+        m = self.models[g]
+        snap = self.logs[g].latest_snapshot()
+        if m.snap is None:
+            assert snap is None
+        else:
+            assert snap is not None and (snap.meta.index, snap.meta.term) == m.snap
+
+
+StorageMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=40)
+TestStorageModel = StorageMachine.TestCase
