@@ -10,9 +10,11 @@ local replica.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker import metadata as md
@@ -36,12 +38,19 @@ class MetadataStore:
         send: Callable[[str, Any], None],
         raft_config: RaftConfig,
         on_effects: Callable[[list[Any]], None],
+        forward: Callable[[str, bytes], Awaitable[int]] | None = None,
         default_user: str = "guest",
         default_pass: str = "guest",
         default_vhost: str = "/",
     ) -> None:
         self.glog = glog
         self._on_effects = on_effects
+        self._forward = forward
+        # Replies by log index (every node computes the same reply for an
+        # entry): a command forwarded to the leader gets its reply from the
+        # local replica once that applied the entry. Bounded.
+        self.replies: OrderedDict[int, Any] = OrderedDict()
+        self._index_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._default = (default_user, default_pass, default_vhost)
         self.state = md.new_state()
         applied = 0
@@ -60,9 +69,22 @@ class MetadataStore:
 
     # ------------------------------------------------------------- commands
     async def execute(self, cmd: Any) -> Any:
-        """Propose, wait until applied, return the machine's reply (errors
-        come back as `MetadataError` values, not exceptions)."""
-        return await self.group.propose(wire.pack(wire.encode_meta_command(cmd)))
+        """Propose (on the leader, or forwarded to it), wait until applied
+        here, return the machine's reply (errors come back as
+        `MetadataError` values, not exceptions)."""
+        payload = wire.pack(wire.encode_meta_command(cmd))
+        if self.group.is_leader or self._forward is None:
+            return await self.group.propose(payload)
+        index = await self._forward(self.group.leader or "", payload)
+        await self.wait_applied(index)
+        return self.replies.get(index)
+
+    async def wait_applied(self, index: int) -> None:
+        if self.group.applied_index >= index:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._index_waiters.setdefault(index, []).append(fut)
+        await fut
 
     def _apply(self, index: int, term: int, ts: int, payload: bytes) -> Any:
         cmd = wire.decode_meta_command(wire.unpack(payload))
@@ -71,6 +93,14 @@ class MetadataStore:
             self.bootstrapped = True
         if effects:
             self._on_effects(list(effects))
+        self.replies[index] = reply
+        if len(self.replies) > 10_000:
+            self.replies.popitem(last=False)
+        if self._index_waiters:
+            for i in [i for i in self._index_waiters if i <= index]:
+                for w in self._index_waiters.pop(i):
+                    if not w.done():
+                        w.set_result(None)
         self._since_snapshot += 1
         if self._since_snapshot >= self.snapshot_every:
             self._snapshot()

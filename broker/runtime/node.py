@@ -31,8 +31,13 @@ from broker.common.config import Config, ConfigError, load_config
 from broker.raft import RaftConfig
 
 from .amqp_server import AmqpConnection
+from .cluster import Cluster, NotLeaderHere
 from .metastore import META_GROUP, MetadataStore
-from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue
+from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
+
+#: A peer disconnected for longer than this is treated as down: the messages
+#: its consumers had checked out go back to their queues.
+PEER_DOWN_GRACE_S = 10.0
 
 log = logging.getLogger("broker.node")
 
@@ -62,6 +67,9 @@ class Node:
         self._server_names = 0
         self._auto_delete_pending: set[tuple[str, str]] = set()
         self.port = 0
+        self.cluster: Cluster | None = None
+        self._down_since: dict[str, float] = {}
+        self._housekeeping_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -75,16 +83,27 @@ class Node:
             on_durable=lambda g, i, t: loop.call_soon_threadsafe(self._durable, g),
             on_error=lambda g, e: loop.call_soon_threadsafe(self._storage_error, g, e),
         )
+        members = [self.node_name]
+        seeds = self.config["cluster.seeds"]
+        if seeds:
+            self.cluster = Cluster(self, seeds, self.config["cluster.bind"],
+                                   self.config["cluster.port"], self._cluster_secret())
+            members = self.cluster.members
+            await self.cluster.start()
         self.meta = MetadataStore(
-            self.node_name, self.storage.open_group(META_GROUP), [self.node_name], self.send_raft,
-            self.raft_config, self._meta_effects, self.config["default_user"],
+            self.node_name, self.storage.open_group(META_GROUP), members, self.send_raft,
+            self.raft_config, self._meta_effects, self._forward_meta, self.config["default_user"],
             self.config["default_pass"], self.config["default_vhost"],
         )
         self._groups_by_id[META_GROUP] = self.meta.group
-        self.meta.group.campaign()
+        if len(members) == 1:
+            self.meta.group.campaign()
         self._tick_task = loop.create_task(self._ticker())
-        await self._wait(lambda: self.meta.bootstrapped and self.meta.group.is_leader, 30,
-                         "the metadata store did not become ready")
+        await self._wait(lambda: self.meta.bootstrapped and self.meta.group.leader is not None,
+                         self.config["cluster.formation_timeout_ms"] / 1000,
+                         "the metadata store did not become ready (is a quorum of "
+                         f"{members} reachable?)")
+        self._housekeeping_task = loop.create_task(self._housekeeping())
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
             self._start_queue(record)
@@ -104,10 +123,27 @@ class Node:
                 conn.transport.close()
         if self._tick_task is not None:
             self._tick_task.cancel()
+        if self._housekeeping_task is not None:
+            self._housekeeping_task.cancel()
         for q in self.queues.values():
             q.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         if self.storage is not None:
             self.storage.close()
+
+    def _cluster_secret(self) -> bytes:
+        path = self.config["cluster.secret_file"]
+        if not path:
+            raise ConfigError("cluster.secret_file: required when cluster.seeds is set "
+                              "(the shared secret peers authenticate each other with)")
+        try:
+            secret = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"cluster.secret_file: cannot read {path}: {exc}") from None
+        if len(secret) < 16:
+            raise ConfigError("cluster.secret_file: the secret must be at least 16 bytes")
+        return secret
 
     async def _wait(self, cond: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -133,9 +169,127 @@ class Node:
             g.on_storage_error(exc)
 
     def send_raft(self, dst: str, msg: Any) -> None:
-        # Single node: every group has one member, so nothing crosses the network.
-        # The peer transport (broker/runtime/transport.py) carries these in a cluster.
-        log.debug("raft message for %s dropped: no peer transport", dst)
+        if self.cluster is not None:
+            self.cluster.send_raft(dst, msg)
+
+    def step_group(self, group_id: str, msg: Any) -> None:
+        g = self._groups_by_id.get(group_id)
+        if g is not None:
+            g.step(msg)
+
+    async def _housekeeping(self) -> None:
+        """Every 2 s: note peers that are down, and let the queues this node
+        leads return the messages of consumers on dead channels."""
+        while True:
+            await asyncio.sleep(2.0)
+            if self.cluster is not None:
+                now = time.monotonic()
+                for peer in self.cluster.peers:
+                    if self.cluster.transport.is_connected(peer):
+                        self._down_since.pop(peer, None)
+                    else:
+                        self._down_since.setdefault(peer, now)
+            for q in list(self.queues.values()):
+                if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
+                    q.reap_dead_channels()
+
+    def channel_dead(self, channel: str) -> bool:
+        """Is the AMQP channel `node|incarnation/conn/ch` gone for good?"""
+        prefix = channel.split("/", 1)[0]
+        node = prefix.split("|", 1)[0]
+        if node == self.node_name:
+            return prefix != self.incarnation and not any(
+                ch.ref == channel for c in self.connections for ch in c.channels.values())
+        if self.cluster is None:
+            return True
+        live = self.cluster.incarnations.get(node)
+        if live is not None and live != prefix:
+            return True
+        since = self._down_since.get(node)
+        return since is not None and time.monotonic() - since > PEER_DOWN_GRACE_S
+
+    # ------------------------------------------------------------ forwarding
+    def queue_leader(self, vhost: str, name: str) -> str | None:
+        q = self.queues.get((vhost, name))
+        if q is not None:
+            return q.leader_node
+        return self.recorded_leader(vhost, name)
+
+    def recorded_leader(self, vhost: str, name: str) -> str | None:
+        if vhost == "" and name == META_GROUP:
+            return self.meta.group.leader
+        r = self.queue_record(vhost, name)
+        return r.leader if r is not None else None
+
+    def forward(self, leader: str, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
+        if self.cluster is None or not leader or leader == self.node_name:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            if self.cluster is None:
+                fut.set_exception(RuntimeError(f"queue '{name}' has no leader"))
+                return fut
+            leader = leader or self.node_name
+        return self.cluster.request(leader, vhost, name, payload)
+
+    async def _forward_meta(self, leader: str, payload: bytes) -> int:
+        result: int = await self.forward(leader, "", META_GROUP, payload)
+        return result
+
+    def submit_as_leader(self, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
+        """Serve a forwarded command: only if this node leads that queue."""
+        if vhost == "" and name == META_GROUP:
+            if not self.meta.group.is_leader:
+                raise NotLeaderHere()
+            index, fut = self.meta.group.propose_indexed(payload)
+            out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            def done(f: asyncio.Future[Any]) -> None:
+                if f.cancelled() or f.exception() is not None:
+                    out.set_exception(f.exception() or RuntimeError("cancelled"))
+                else:
+                    out.set_result(index)
+            fut.add_done_callback(done)
+            return out
+        q = self.queues.get((vhost, name))
+        if q is None or isinstance(q, RemoteQueue) or not q.is_leader:
+            raise NotLeaderHere()
+        return q._submit(payload)
+
+    def submit_local(self, vhost: str, name: str, payload: Any, future: asyncio.Future[Any]) -> None:
+        try:
+            inner = self.submit_as_leader(vhost, name, payload)
+        except NotLeaderHere:
+            inner = self.forward(self.queue_leader(vhost, name) or "", vhost, name, payload)
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if future.done():
+                return
+            if f.cancelled() or f.exception() is not None:
+                future.set_exception(f.exception() or RuntimeError("cancelled"))
+            else:
+                future.set_result(f.result())
+        inner.add_done_callback(done)
+
+    def send_deliveries(self, node: str, vhost: str, name: str, channel: str, tag: str,
+                        deliveries: list[Any], bodies: dict[int, Any]) -> None:
+        if self.cluster is not None:
+            self.cluster.send_deliveries(node, vhost, name, channel, tag, deliveries, bodies)
+
+    def remote_deliveries(self, vhost: str, name: str, channel: str, tag: str,
+                          deliveries: list[Any], bodies: dict[int, Any]) -> None:
+        q = self.queues.get((vhost, name))
+        if q is not None:
+            q.remote_deliveries(channel, tag, deliveries, bodies)
+
+    def leader_elected(self, vhost: str, name: str) -> None:
+        r = self.queue_record(vhost, name)
+        if r is not None and r.leader != self.node_name:
+            fut = asyncio.ensure_future(self.meta.execute(
+                md.SetQueueLeader(md.VhostName(vhost), md.QueueName(name), md.NodeName(self.node_name))))
+            fut.add_done_callback(_log_failure)
 
     # ------------------------------------------------------------ metadata
     async def meta_execute(self, cmd: Any) -> Any:
@@ -175,7 +329,12 @@ class Node:
 
     def _start_queue(self, record: md.QueueRecord) -> None:
         key = (record.vhost, record.name)
-        if key in self.queues or self.node_name not in record.members:
+        if key in self.queues:
+            return
+        if self.node_name not in record.members:
+            # No member here: a proxy so local channels can use the queue.
+            self.queues[key] = RemoteQueue(self, record.vhost, record.name,
+                                           classic_config(record.name, record.vhost, {}))
             return
         try:
             config = self._config_for(record)
@@ -190,7 +349,8 @@ class Node:
             q = QuorumQueue(self, record.vhost, record.name, config, glog, list(record.members),
                             self.raft_config)
             self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
-            if len(record.members) == 1:
+            if len(record.members) == 1 or (record.leader == self.node_name
+                                            and q.group.glog.last_index() == 0):  # type: ignore[union-attr]
                 q.group.campaign()  # type: ignore[union-attr]
         else:
             q = ClassicQueue(self, record.vhost, record.name, config)
@@ -244,19 +404,50 @@ class Node:
                 qm.parse_queue_arguments(arguments, name, vhost)
             except qm.QueueArgumentError as exc:
                 raise ChannelError(exc.reply_code, _strip(exc.reply_text), method) from None
-        members = (md.NodeName(self.node_name),)
+        members, leader = self._place(qtype == "quorum" and existing is None, arguments)
         cmd = md.DeclareQueue(
             md.VhostName(vhost), md.QueueName(name), durable, exclusive_owner, auto_delete,
-            md.freeze_table(arguments), passive, server_named, members, md.NodeName(self.node_name),
+            md.freeze_table(arguments), passive, server_named, members, leader,
             self.config["quorum_queue.property_equivalence.relaxed_checks_on_redeclaration"])
         reply = await self.meta.execute(cmd)
         if isinstance(reply, md.MetadataError):
             return reply
         q = self.queue(vhost, name)
         if isinstance(q, QuorumQueue):
-            await self._wait(lambda: q.is_leader or q.deleted, 30,
-                             f"queue '{name}' in vhost '{vhost}' has no leader")
+            await self._wait(lambda: q.leader_node is not None and (q.group.leader is not None)
+                             or q.deleted, 30, f"queue '{name}' in vhost '{vhost}' has no leader")
         return reply
+
+    def _place(self, quorum: bool, arguments: dict[str, Any]) -> tuple[tuple[md.NodeName, ...], md.NodeName]:
+        """Members and leader of a new queue. Quorum queues get
+        x-quorum-initial-group-size (default quorum_queue.initial_cluster_size)
+        members, capped at the cluster size, always including this node; the
+        others are the nodes hosting the fewest queue members. The leader is
+        this node (client-local) or the member leading the fewest queues
+        (balanced)."""
+        me = md.NodeName(self.node_name)
+        if not quorum or self.cluster is None:
+            return (me,), me
+        nodes = self.cluster.members
+        size = arguments.get("x-quorum-initial-group-size") or self.config["quorum_queue.initial_cluster_size"]
+        size = max(1, min(int(size), len(nodes)))
+        load = {n: 0 for n in nodes}
+        leaders = {n: 0 for n in nodes}
+        for r in self.meta.state.queues.values():
+            for m in r.members:
+                if m in load:
+                    load[m] += 1
+            if r.leader in leaders:
+                leaders[r.leader] += 1
+        others = sorted((n for n in nodes if n != me),
+                        key=lambda n: (not self.cluster.transport.is_connected(n), load[n], n))  # type: ignore[union-attr]
+        members = (me, *[md.NodeName(n) for n in others[: size - 1]])
+        locator = arguments.get("x-queue-leader-locator") or self.config["queue_leader_locator"]
+        if locator == "balanced":
+            leader = min(members, key=lambda n: (leaders.get(n, 0), n != me, n))
+        else:
+            leader = me
+        return members, md.NodeName(leader)
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool,
                            owner: str | None) -> tuple[Any, int]:

@@ -53,6 +53,17 @@ class Host(Protocol):
 
     def send_raft(self, dst: str, msg: Any) -> None: ...
 
+    def forward(self, leader: str, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]: ...
+
+    def recorded_leader(self, vhost: str, name: str) -> str | None: ...
+
+    def send_deliveries(self, node: str, vhost: str, name: str, channel: str, tag: str,
+                        deliveries: list[Any], bodies: dict[int, Any]) -> None: ...
+
+    def leader_elected(self, vhost: str, name: str) -> None: ...
+
+    def channel_dead(self, channel: str) -> bool: ...
+
 
 class QueueProcess:
     """Shared logic of quorum and classic queues: commands out, effects in."""
@@ -169,10 +180,34 @@ class QueueProcess:
 
     def _deliver(self, eff: qe.Deliver) -> None:
         consumer = self.consumers.get(eff.consumer)
-        if consumer is None:
+        if consumer is not None:
+            for msg_id, index, count, redelivered in eff.deliveries:
+                consumer.deliver(self, msg_id, self.message(index), count, redelivered)
+            return
+        # A consumer on another node: send it the deliveries; bodies go along
+        # unless that node holds a replica that already has the entry.
+        node = eff.consumer.channel.split("|", 1)[0]
+        if node == self.host.node_name:
             return  # its channel is gone; ChannelDown returns the messages
-        for msg_id, index, count, redelivered in eff.deliveries:
-            consumer.deliver(self, msg_id, self.message(index), count, redelivered)
+        has = self._replica_match(node)
+        bodies = {index: self.message(index) for _, index, _, _ in eff.deliveries if index > has}
+        self.host.send_deliveries(node, self.vhost, self.name, eff.consumer.channel,
+                                  eff.consumer.tag, [list(d) for d in eff.deliveries], bodies)
+
+    def _replica_match(self, node: str) -> int:
+        """Highest index `node`'s replica of this queue is known to hold (0: none)."""
+        return 0
+
+    def remote_deliveries(self, channel: str, tag: str, deliveries: list[Any],
+                          bodies: dict[int, Any]) -> None:
+        """Deliveries the leader (on another node) made to a consumer on this node."""
+        consumer = self.consumers.get(ConsumerId(ChannelRef(channel), tag))
+        if consumer is None:
+            return
+        for msg_id, index, count, redelivered in deliveries:
+            body = bodies.get(index)
+            msg = tuple(body) if body is not None else self.message(index)
+            consumer.deliver(self, msg_id, msg, count, redelivered)  # type: ignore[arg-type]
 
     def _dead_letter(self, eff: qe.DeadLetter) -> None:
         out = []
@@ -223,6 +258,30 @@ class QueueProcess:
         self.deleted = True
         if self._timer is not None:
             self._timer.cancel()
+
+
+class RemoteQueue(QueueProcess):
+    """A quorum queue with no member on this node: commands go to its leader,
+    deliveries come back with their bodies. Counts are not known locally."""
+
+    kind = "quorum"
+
+    def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
+        return self.host.forward(self.leader_node or "", self.vhost, self.name, payload)
+
+    @property
+    def is_leader(self) -> bool:
+        return False
+
+    @property
+    def leader_node(self) -> str | None:
+        return self.host.recorded_leader(self.vhost, self.name)
+
+    def _read_message(self, index: int) -> Message:
+        raise KeyError(f"queue {self.name}: message {index} is not on this node")
+
+    def overview(self) -> dict[str, Any]:
+        return {"messages_ready": 0, "messages_unacknowledged": 0, "messages": 0}
 
 
 class ClassicQueue(QueueProcess):
@@ -278,7 +337,9 @@ class QuorumQueue(QueueProcess):
         self.snapshot_every = 20_000
 
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
-        return self.group.propose(payload)
+        if self.group.role is Role.LEADER:
+            return self.group.propose(payload)
+        return self.host.forward(self.leader_node or "", self.vhost, self.name, payload)
 
     @property
     def is_leader(self) -> bool:
@@ -286,7 +347,26 @@ class QuorumQueue(QueueProcess):
 
     @property
     def leader_node(self) -> str | None:
-        return self.group.leader
+        return self.group.leader or self.host.recorded_leader(self.vhost, self.name)
+
+    def _replica_match(self, node: str) -> int:
+        pr = self.group.node.progress.get(NodeId(node))
+        return pr.match if pr is not None else 0
+
+    def redeliver_checked_out(self) -> None:
+        """After an election: re-issue deliveries of every checked-out message.
+        Channels ignore ones they already hold (same consumer and msg id), so
+        only deliveries lost with the old leader reach the clients."""
+        st_ = self.state
+        for cid, c in list(st_.consumers.items()):
+            if not c.checked or cid.tag == DEQUEUE_TAG:
+                continue
+            deliveries = []
+            for msg_id, record in c.checked.items():
+                index = record >> 32
+                count = st_.extra.get(index, (0, 0, 0))[0]
+                deliveries.append((msg_id, index, count, True))
+            self._deliver(qe.Deliver(cid, tuple(deliveries)))
 
     def _read_message(self, index: int) -> Message:
         entries = self.glog.entries(index, index + 1)
@@ -319,30 +399,47 @@ class QuorumQueue(QueueProcess):
 
     def _role_changed(self, role: Role, leader: NodeId | None) -> None:
         if role is Role.LEADER:
-            self._loop.call_soon(self._leader_housekeeping)
+            self._loop.call_soon(self._when_caught_up)
         if self._on_role is not None:
             self._on_role(self)
 
+    def _when_caught_up(self) -> None:
+        """Wait until this term's first entry is committed and applied, so the
+        state reflects everything the previous leader committed."""
+        node = self.group.node
+        if not self.is_leader or self.deleted:
+            return
+        committed = node.log.committed
+        if committed and node.log.term(committed) == node.term and self.group.applied_index >= committed:
+            self._leader_housekeeping()
+        else:
+            self._loop.call_later(0.02, self._when_caught_up)
+
     def _leader_housekeeping(self) -> None:
-        """On election: consumers of channels from an earlier incarnation of a
-        node are gone; their checked-out messages go back to the queue."""
+        """On election: return the messages of consumers whose channels are
+        gone (their node restarted or left), re-send deliveries that may have
+        been lost with the old leader, restart the TTL timer, and record this
+        node as the queue's leader in the metadata."""
         if not self.is_leader:
             return
-        live = self.host.incarnation
-        mine = self.host.node_name + "|"
-        stale = {cid.channel for cid in self.state.consumers
-                 if cid.channel.startswith(mine) and cid.channel.split("/", 1)[0] != live}
+        self.reap_dead_channels()
+        self.redeliver_checked_out()
+        if self.state.timer_at is not None:
+            self._set_timer(0)
+        self.host.leader_elected(self.vhost, self.name)
+
+    def reap_dead_channels(self) -> None:
+        stale = {cid.channel for cid in self.state.consumers if self.host.channel_dead(cid.channel)}
+        stale |= {ch for ch in self.state.publishers if self.host.channel_dead(ch)}
         for ch in sorted(stale):
             try:
                 self.command(qm.ChannelDown(ch))
             except Exception as exc:
                 log.debug("%s: ChannelDown(%s) not proposed: %s", self.name, ch, exc)
-        if self.state.timer_at is not None:
-            self._set_timer(0)
 
     def close(self) -> None:
         super().close()
         self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
 
 
-__all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QuorumQueue"]
+__all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QuorumQueue", "RemoteQueue"]

@@ -238,6 +238,11 @@ class RaftGroup:
         self._kick()
         return fut
 
+    def propose_indexed(self, payload: Any) -> tuple[int, asyncio.Future[Any]]:
+        """Like propose, also returning the entry's index."""
+        fut = self.propose(payload)
+        return self.node.log.last_index(), fut
+
     def propose_nowait(self, payload: Any) -> int:
         """Propose without waiting for the reply (the effects carry the result)."""
         data = msgpack.packb([self._clock_ms(), payload], use_bin_type=True)

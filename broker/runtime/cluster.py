@@ -1,0 +1,249 @@
+"""Cluster plumbing: peers, the transport, and node-to-node requests.
+
+Where it sits: the node owns one `Cluster`. Raft groups send their messages
+through `send_raft`; queue processes on a node that does not hold the queue's
+leader forward commands with `request` and get the machine's reply back;
+leaders send deliveries for consumers on other nodes with `send_deliveries`.
+
+Peers come from `cluster.seeds`: entries `NODE_NAME:PORT` where the node name
+is RabbitMQ-style `prefix@host` (`rabbit@qq-0.qq-headless:25672`,
+`rabbit-2@localhost:25673`). Every node is configured with the same list; the
+list (plus this node) is the initial membership of the metadata group.
+
+Peer messages (msgpack arrays):
+    ["h", incarnation]                           hello, sent on every (re)connect
+    ["r", raft message]                          one Raft message (its group inside)
+    ["q", req_id, vhost, queue, payload]         queue command for the leader
+    ["a", req_id, status, reply]                 its reply ("ok"|"not_leader"|"error")
+    ["d", vhost, queue, channel, tag, [deliveries], {index: message}]
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import fields, is_dataclass
+from enum import Enum
+from typing import Any
+
+from broker import queue as qm
+
+from . import raft_wire
+from .transport import PeerTransport
+
+log = logging.getLogger("broker.cluster")
+
+REQUEST_RETRY_S = 1.0
+
+
+def parse_seed(seed: str) -> tuple[str, str, int]:
+    """'rabbit@host:25672' -> (node name, host, port)."""
+    name, sep, port = seed.rpartition(":")
+    if not sep or not port.isdigit() or not name:
+        raise ValueError(f"cluster.seeds: {seed!r} is not NODE_NAME:PORT")
+    host = name.rpartition("@")[2] or name
+    return name, host, int(port)
+
+
+# ---------------------------------------------------------------- reply codec
+_REPLY_TYPES: dict[str, type] = {
+    t.__name__: t for t in (qm.Dequeued, qm.DequeueEmpty, qm.DequeueRefused, qm.CheckoutOk,
+                            qm.CreditReply, qm.Purged, qm.NotFound)
+}
+
+
+def encode_reply(r: Any) -> Any:
+    if isinstance(r, Enum):
+        return ["e", type(r).__name__, r.value]
+    if is_dataclass(r):
+        vals = [getattr(r, f.name) for f in fields(r)]
+        vals = [[v.channel, v.tag] if hasattr(v, "tag") and hasattr(v, "channel") else v for v in vals]
+        return ["d", type(r).__name__, vals]
+    return r
+
+
+def decode_reply(raw: Any) -> Any:
+    if isinstance(raw, list) and raw and raw[0] == "e":
+        if raw[1] == "EnqueueResult":
+            return qm.EnqueueResult(raw[2])
+        return qm.OK
+    if isinstance(raw, list) and raw and raw[0] == "d":
+        cls = _REPLY_TYPES[raw[1]]
+        names = [f.name for f in fields(cls)]
+        vals = list(raw[2])
+        kw = dict(zip(names, vals, strict=True))
+        if "consumer" in kw and isinstance(kw["consumer"], list):
+            kw["consumer"] = qm.ConsumerId(kw["consumer"][0], kw["consumer"][1])
+        return cls(**kw)
+    return raw
+
+
+class NotLeaderHere(Exception):
+    """The addressed node does not hold the queue's leader (any more)."""
+
+
+class _Request:
+    __slots__ = ("req_id", "vhost", "queue", "payload", "future", "target", "sent_at")
+
+    def __init__(self, req_id: int, vhost: str, queue: str, payload: Any,
+                 future: asyncio.Future[Any], target: str) -> None:
+        self.req_id = req_id
+        self.vhost = vhost
+        self.queue = queue
+        self.payload = payload
+        self.future = future
+        self.target = target
+        self.sent_at = time.monotonic()
+
+
+class Cluster:
+    def __init__(self, node: Any, seeds: tuple[str, ...], bind: str, port: int, secret: bytes,
+                 server_ssl: Any = None, client_ssl: Any = None) -> None:
+        self.node = node
+        self.name: str = node.node_name
+        self.peers: dict[str, tuple[str, int]] = {}
+        for s in seeds:
+            name, host, p = parse_seed(s)
+            if name != self.name:
+                self.peers[name] = (host, p)
+        self.members = sorted({self.name, *self.peers})
+        self.transport = PeerTransport(self.name, secret, self._on_message, host=bind, port=port,
+                                       server_ssl=server_ssl, client_ssl=client_ssl)
+        self.incarnations: dict[str, str] = {}
+        self._req_seq = 0
+        self._requests: dict[int, _Request] = {}
+        self._retry_task: asyncio.Task[None] | None = None
+        self.on_peer_hello: Callable[[str, str], None] | None = None
+
+    async def start(self) -> int:
+        port = await self.transport.start()
+        for name, (host, p) in self.peers.items():
+            self.transport.add_peer(name, host, p)
+            self.transport.send(name, ["h", self.node.incarnation])
+        self._retry_task = asyncio.get_running_loop().create_task(self._retry_loop())
+        return port
+
+    async def close(self) -> None:
+        if self._retry_task is not None:
+            self._retry_task.cancel()
+        for r in self._requests.values():
+            if not r.future.done():
+                r.future.set_exception(ConnectionError("node shutting down"))
+        await self.transport.close()
+
+    def connected(self, peer: str) -> bool:
+        return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
+
+    # ------------------------------------------------------------ sending
+    def send_raft(self, dst: str, msg: Any) -> None:
+        if dst in self.peers:
+            self.transport.send(dst, ["r", raft_wire.encode_message(msg)])
+
+    def request(self, target: str, vhost: str, queue: str, payload: Any) -> asyncio.Future[Any]:
+        """Send a queue command to `target` (the queue's leader); the future gets
+        the decoded reply. Unanswered requests are re-sent to the queue's
+        current leader every REQUEST_RETRY_S (enqueues are de-duplicated by the
+        machine through the publisher's sequence number)."""
+        self._req_seq += 1
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        req = _Request(self._req_seq, vhost, queue, payload, fut, target)
+        self._requests[req.req_id] = req
+        self._send_request(req)
+        return fut
+
+    def _send_request(self, req: _Request) -> None:
+        req.sent_at = time.monotonic()
+        if req.target in self.peers:
+            self.transport.send(req.target, ["q", req.req_id, req.vhost, req.queue, req.payload])
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REQUEST_RETRY_S / 2)
+            now = time.monotonic()
+            for req in list(self._requests.values()):
+                if req.future.done():
+                    self._requests.pop(req.req_id, None)
+                    continue
+                if now - req.sent_at >= REQUEST_RETRY_S:
+                    leader = self.node.queue_leader(req.vhost, req.queue)
+                    if leader == self.name:
+                        # The leader is here now: hand it to the local member.
+                        self._requests.pop(req.req_id, None)
+                        self.node.submit_local(req.vhost, req.queue, req.payload, req.future)
+                        continue
+                    if leader is not None:
+                        req.target = leader
+                    self._send_request(req)
+
+    def send_deliveries(self, node: str, vhost: str, queue: str, channel: str, tag: str,
+                        deliveries: list[Any], bodies: dict[int, Any]) -> None:
+        if node in self.peers:
+            self.transport.send(node, ["d", vhost, queue, channel, tag, deliveries, bodies])
+
+    # ------------------------------------------------------------ receiving
+    def _on_message(self, peer: str, m: Any) -> None:
+        try:
+            kind = m[0]
+            if kind == "r":
+                msg = raft_wire.decode_message(m[1])
+                self.node.step_group(msg.group, msg)
+            elif kind == "q":
+                self._serve_request(peer, m[1], m[2], m[3], m[4])
+            elif kind == "a":
+                self._on_reply(m[1], m[2], m[3])
+            elif kind == "d":
+                self.node.remote_deliveries(m[1], m[2], m[3], m[4], m[5], m[6])
+            elif kind == "h":
+                old = self.incarnations.get(peer)
+                self.incarnations[peer] = m[1]
+                if old != m[1]:
+                    # answer so the peer learns ours even if it started first
+                    self.transport.send(peer, ["h", self.node.incarnation])
+                    if self.on_peer_hello is not None:
+                        self.on_peer_hello(peer, m[1])
+            else:
+                log.warning("unknown peer message %r from %s", kind, peer)
+        except Exception:
+            log.exception("bad message from %s", peer)
+
+    def _serve_request(self, peer: str, req_id: int, vhost: str, queue: str, payload: Any) -> None:
+        def reply(status: str, value: Any) -> None:
+            self.transport.send(peer, ["a", req_id, status, value])
+
+        try:
+            fut = self.node.submit_as_leader(vhost, queue, payload)
+        except NotLeaderHere:
+            reply("not_leader", self.node.queue_leader(vhost, queue))
+            return
+        except Exception as exc:
+            reply("error", str(exc))
+            return
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                reply("error", str(f.exception()))
+            else:
+                reply("ok", encode_reply(f.result()))
+        fut.add_done_callback(done)
+
+    def _on_reply(self, req_id: int, status: str, value: Any) -> None:
+        req = self._requests.get(req_id)
+        if req is None or req.future.done():
+            return
+        if status == "ok":
+            self._requests.pop(req_id, None)
+            req.future.set_result(decode_reply(value))
+        elif status == "not_leader":
+            if isinstance(value, str) and value != req.target:
+                req.target = value
+                if value == self.name:
+                    self._requests.pop(req_id, None)
+                    self.node.submit_local(req.vhost, req.queue, req.payload, req.future)
+                    return
+                self._send_request(req)
+            # else: wait for the retry loop (an election is probably under way)
+        else:
+            # the leader could not apply it (group stopped, queue gone): fail
+            self._requests.pop(req_id, None)
+            req.future.set_exception(RuntimeError(str(value)))
