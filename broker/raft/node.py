@@ -626,7 +626,11 @@ class RaftNode:
         if pr.state is _REPLICATE and len(pr.inflight) >= pr.max_inflight:
             pr.inflight.popleft()  # free a slot so a lost window cannot stall us
         if pr.state is _SNAPSHOT:
-            self._resend_snapshot(m.src, pr)
+            # Resend from the last acked offset only if no chunk was acked
+            # since the previous heartbeat (chunks or acks were lost).
+            if pr.snap_acked == pr.snap_mark:
+                self._resend_snapshot(m.src, pr)
+            pr.snap_mark = pr.snap_acked
         elif pr.match < self.log.last_index():
             self._send_append(m.src, pr, True)
 

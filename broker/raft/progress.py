@@ -41,6 +41,7 @@ class Progress:
         "snap_acked",
         "snap_sent",
         "sent_commit",
+        "snap_mark",
     )
 
     def __init__(self, next_index: int, max_inflight: int, is_learner: bool) -> None:
@@ -57,6 +58,7 @@ class Progress:
         self.snap_acked = 0  # bytes the follower confirmed
         self.snap_sent = 0  # bytes sent so far
         self.sent_commit = 0  # highest commit index sent in an append
+        self.snap_mark = -1  # snap_acked at the previous heartbeat (stall detection)
 
     def become_probe(self) -> None:
         if self.state is ProgressState.SNAPSHOT and self.snapshot is not None:
@@ -81,6 +83,7 @@ class Progress:
         self.snapshot = snap
         self.snap_acked = 0
         self.snap_sent = 0
+        self.snap_mark = -1
 
     def is_paused(self) -> bool:
         st = self.state

@@ -53,12 +53,12 @@ SIM_CFG = RaftConfig(
     max_inflight_msgs=4,
     max_entries_per_msg=3,
     max_size_per_msg=256,
-    snapshot_chunk_size=48,
+    snapshot_chunk_size=128,
     snapshot_window=2,
 )
 
 
-def run_seed(seed: int, steps: int = 400, liveness_ticks: int = 400) -> SimResult:
+def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResult:
     rng = random.Random(seed)
     n = 3 if seed % 2 == 0 else 5
     ids = [f"n{k}" for k in range(1, n + 1)]
