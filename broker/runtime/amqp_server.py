@@ -78,7 +78,8 @@ def _raise_md(err: md.MetadataError, method: Any) -> None:
 
 
 class Consumer:
-    __slots__ = ("cid", "tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "priority")
+    __slots__ = ("cid", "tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "priority",
+                 "outstanding")
 
     def __init__(self, channel: Channel, queue: QueueProcess, tag: str, no_ack: bool,
                  exclusive: bool, prefetch: int, priority: int) -> None:
@@ -90,6 +91,9 @@ class Consumer:
         self.exclusive = exclusive
         self.prefetch = prefetch
         self.priority = priority
+        # msg ids delivered and not yet settled: a new leader re-sends the
+        # deliveries of everything checked out, and these are skipped.
+        self.outstanding: set[int] = set()
 
     def deliver(self, queue: QueueProcess, msg_id: int, msg: Message, count: int,
                 redelivered: bool) -> None:
@@ -589,7 +593,7 @@ class Channel:
 
     # ------------------------------------------------------------ deliveries
     def deliver(self, c: Consumer, msg_id: int, msg: Message, count: int, redelivered: bool) -> None:
-        if self.closed:
+        if self.closed or msg_id in c.outstanding:
             return
         tag = self.next_tag
         self.next_tag = tag + 1
@@ -597,6 +601,7 @@ class Channel:
         if c.no_ack:
             self._settle_later(c.queue, c.cid, msg_id)
         else:
+            c.outstanding.add(msg_id)
             self.unacked[tag] = (c.queue, c.cid, msg_id)
         props = msg[0] if not count else conn.props_cache.with_delivery_count(msg[0], count)
         conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, msg[1]))
@@ -638,13 +643,20 @@ class Channel:
             raise ChannelError(406, f"unknown delivery tag {tag}", m)
         return [item]
 
+    def _forget_outstanding(self, cid: ConsumerId, msg_id: int) -> None:
+        c = self.consumers.get(cid.tag)
+        if c is not None:
+            c.outstanding.discard(msg_id)
+
     def ack(self, tag: int, multiple: bool) -> None:
         for q, cid, msg_id in self._take(tag, multiple, _ACK):
+            self._forget_outstanding(cid, msg_id)
             self._settle_later(q, cid, msg_id)
 
     def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         groups: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
         for q, cid, msg_id in self._take(tag, multiple, _NACK):
+            self._forget_outstanding(cid, msg_id)
             groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
         for (_, cid), (q, ids) in groups.items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
