@@ -556,6 +556,8 @@ class ServerConnection:
                     exchange, routing_key, mandatory, immediate = codec.decode_publish(payload)
                 except FrameDecodeError:
                     raise _cannot_decode(mid, payload) from None
+                if immediate:  # RabbitMQ 3.x never implemented immediate delivery
+                    raise AMQPConnectionError(ReplyCode.NOT_IMPLEMENTED, "immediate=true", 60, 40)
                 chan.exchange = exchange
                 chan.routing_key = routing_key
                 chan.mandatory = mandatory

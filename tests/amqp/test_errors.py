@@ -80,6 +80,10 @@ CONNECTION_ERRORS = [
     ("one-byte-method", raw_frame(1, 1, b"\x00"), 501, "FRAME_ERROR - type 1, all octets = <<0>>: unknown_frame", 0, 0),
     ("empty-method", raw_frame(1, 1, b""), 501, "FRAME_ERROR - type 1, all octets = <<>>: unknown_frame", 0, 0),
     ("heartbeat-on-channel-1", raw_frame(8, 1, b""), 505, "UNEXPECTED_FRAME - type 8, all octets = <<>>", 0, 0),
+    ("immediate-publish", method(C.Basic.Publish(routing_key="q", immediate=True), 1), 540,
+     "NOT_IMPLEMENTED - immediate=true", 60, 40),
+    ("unsolicited-connection-close-ok", method(C.Connection.CloseOk()), 504,
+     "CHANNEL_ERROR - unexpected method in connection state running", 10, 51),
     ("flow-inactive", method(C.Channel.Flow(active=False), 1), 540, "NOT_IMPLEMENTED - active=false", 20, 20),
     # Deviations from RabbitMQ 3.10 (documented): it drops the socket on unknown
     # methods and waits forever for an oversized body; we close with a reason.
