@@ -305,8 +305,9 @@ class ServerConnection:
 
     # ------------------------------------------------------------------ input
 
-    def receive_data(self, data: bytes) -> None:
-        """Feed bytes read from the socket; b"" means the peer closed it (EOF)."""
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Feed bytes read from the socket; b"" means the peer closed it (EOF).
+        Non-bytes buffers are copied (the caller may reuse them)."""
         if not data:
             if self._state is not ConnectionState.CLOSED:
                 self._set_closed()
@@ -315,6 +316,8 @@ class ServerConnection:
         if self._state is ConnectionState.CLOSED:
             return
         self._received = True
+        if type(data) is not bytes:  # a memoryview/bytearray may be reused by the caller
+            data = bytes(data)
         self._pending.append(data)
         self._pending_len += len(data)
 

@@ -476,3 +476,14 @@ def test_need_data_until_frame_complete() -> None:
     assert c.conn.next_event() is NEED_DATA
     c.conn.receive_data(frame[-1:])
     assert isinstance(c.conn.next_event(), MethodReceived)
+
+
+def test_reused_buffers_are_copied() -> None:
+    c = Client()
+    c.open()
+    frame = bytearray(method(C.Basic.Qos(prefetch_count=3), 1))
+    c.conn.receive_data(memoryview(frame)[:5])
+    frame[:5] = b"\x00" * 5  # the caller reuses its buffer
+    c.conn.receive_data(bytes(method(C.Basic.Qos(prefetch_count=3), 1))[5:])
+    ev = c.conn.next_event()
+    assert isinstance(ev, MethodReceived) and ev.method.prefetch_count == 3

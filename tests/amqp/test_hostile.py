@@ -61,7 +61,7 @@ def check_outcome(conn: ServerConnection, events: list[object], out: bytes) -> N
         assert isinstance(parsed[-1][1], C.Connection.Close)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=6))
 def test_random_bytes_from_scratch(data: bytes, cuts: list[int]) -> None:
     conn = ServerConnection()
@@ -69,7 +69,7 @@ def test_random_bytes_from_scratch(data: bytes, cuts: list[int]) -> None:
     check_outcome(conn, events, out)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(st.binary(max_size=400), st.lists(st.integers(0, 400), max_size=6))
 def test_random_bytes_after_header(data: bytes, cuts: list[int]) -> None:
     conn = ServerConnection()
@@ -78,7 +78,7 @@ def test_random_bytes_after_header(data: bytes, cuts: list[int]) -> None:
     check_outcome(conn, events, out + more)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=6))
 def test_random_bytes_on_an_open_connection(data: bytes, cuts: list[int]) -> None:
     c = Client(ServerConfig(frame_max=4096))
