@@ -77,6 +77,17 @@ def _list(key: str, raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
+def _users(key: str, raw: str) -> tuple[str, ...]:
+    """A list of user names; RabbitMQ's `none` (or an empty value) means no user."""
+    names = _list(key, raw)
+    return () if names == ("none",) else names
+
+
+# `loopback_users.guest = false` (RabbitMQ's spelling) edits the default list
+# by name: true adds the user, false removes it.
+_NAMED_FLAG_LISTS = frozenset({"loopback_users"})
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     key: str
@@ -110,7 +121,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("default_vhost", _str, "/", "vhost created on a fresh cluster"),
     Setting("default_user", _str, "guest", "user created on a fresh cluster"),
     Setting("default_pass", _str, "guest", "its password"),
-    Setting("loopback_users", _list, ("guest",), "users that may only log in over loopback", True),
+    Setting("loopback_users", _users, ("guest",),
+            "users that may only log in over loopback ('none' for nobody; also "
+            "`loopback_users.NAME = true|false` as RabbitMQ writes it)", True),
+    Setting("load_definitions", _str, "",
+            "definitions JSON (RabbitMQ export format) applied when the cluster is created"),
     Setting("default_queue_type", _choice("classic", "quorum"), "classic", "default x-queue-type"),
     # quorum queues
     Setting("quorum_queue.initial_cluster_size", _int(1), 3, "members of a new quorum queue"),
@@ -158,6 +173,7 @@ def parse_conf(text: str, source: str = "config") -> dict[str, str]:
     """Parse the sysctl-like format into raw key -> value strings (lists joined by ',')."""
     raw: dict[str, str] = {}
     lists: dict[str, list[tuple[int, str]]] = {}
+    flags: dict[str, list[tuple[str, bool]]] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -170,6 +186,9 @@ def parse_conf(text: str, source: str = "config") -> dict[str, str]:
         if tail.isdigit() and head in _BY_KEY and _BY_KEY[head].is_list:
             lists.setdefault(head, []).append((int(tail), value))
             continue
+        if head in _NAMED_FLAG_LISTS and tail:
+            flags.setdefault(head, []).append((tail, _bool(key, value)))
+            continue
         if key not in _BY_KEY:
             raise ConfigError(f"{source}:{lineno}: {key}: unknown configuration key")
         if key in raw:
@@ -179,6 +198,16 @@ def parse_conf(text: str, source: str = "config") -> dict[str, str]:
         if key in raw:
             raise ConfigError(f"{source}: {key}: given both as a list and as a value")
         raw[key] = ",".join(v for _, v in sorted(items))
+    for key, named in flags.items():
+        if key in raw:
+            raise ConfigError(f"{source}: {key}: given both by name and as a list")
+        members = list(_BY_KEY[key].default)
+        for name, on in named:
+            if on and name not in members:
+                members.append(name)
+            elif not on and name in members:
+                members.remove(name)
+        raw[key] = ",".join(members)
     return raw
 
 

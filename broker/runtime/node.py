@@ -32,6 +32,7 @@ from broker.raft import RaftConfig
 
 from .amqp_server import AmqpConnection
 from .cluster import Cluster, NotLeaderHere
+from .definitions import DefinitionsError, load_definitions_file
 from .metastore import META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
 
@@ -96,6 +97,8 @@ class Node:
             self.config["default_pass"], self.config["default_vhost"],
         )
         self._groups_by_id[META_GROUP] = self.meta.group
+        # A fresh replica (empty log, no snapshot): the cluster is being created.
+        fresh = self.meta.glog.last_index() == 0 and self.meta.glog.latest_snapshot() is None
         if len(members) == 1:
             self.meta.group.campaign()
         self._tick_task = loop.create_task(self._ticker())
@@ -107,6 +110,9 @@ class Node:
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
             self._start_queue(record)
+        if fresh and self.config["load_definitions"] and self.meta.group.is_leader:
+            # Once, by the node that created the cluster, before clients can connect.
+            await load_definitions_file(self, self.config["load_definitions"])
         self._server = await loop.create_server(
             lambda: AmqpConnection(self), self.config["listeners.tcp.bind"],
             self.config["listeners.tcp.default"], reuse_address=True)
@@ -593,7 +599,12 @@ async def _serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await node.start()
+    try:
+        await node.start()
+    except DefinitionsError as exc:
+        print(f"qq-broker: {exc}", file=sys.stderr, flush=True)
+        await node.stop()
+        return 2
     print(f"qq-broker {node.node_name}: ready on port {node.port}", flush=True)
     await stop.wait()
     await node.stop()
