@@ -601,6 +601,8 @@ class RaftNode:
         pre = self.role is Role.PRE_CANDIDATE
         if m.pre_vote != pre:
             return
+        if pre and m.granted and m.term != self.term + 1:
+            return  # a grant from an earlier pre-vote round
         self.votes.setdefault(m.src, m.granted)
         q = self._quorum()
         if self._tally() >= q:
@@ -870,7 +872,10 @@ class RaftNode:
             return
         if self.transferee is not None:
             return
-        self.propose_conf_change(ConfChange(ConfChangeKind.PROMOTE, to))
+        try:
+            self.propose_conf_change(ConfChange(ConfChangeKind.PROMOTE, to))
+        except (InvalidConfChange, ProposalDropped):
+            pass  # not possible right now; retried on the next response
 
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to `target` (§3.10 of the thesis). Raises NotLeader,
