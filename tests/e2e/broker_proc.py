@@ -26,12 +26,15 @@ def free_port() -> int:
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, port: int | None = None, name: str = "rabbit@localhost",
-                 config: str = "", env: dict[str, str] | None = None) -> None:
+                 config: str = "", env: dict[str, str] | None = None,
+                 wrap: list[str] | None = None, host: str = "127.0.0.1") -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.name = name
         self.extra_config = config
         self.env = env or {}
+        self.wrap = wrap or []  # e.g. ["ip", "netns", "exec", NS]: run inside a namespace
+        self.host = host  # where clients reach it
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
 
@@ -40,7 +43,7 @@ class BrokerProcess:
         return (f"node.name = {self.name}\n"
                 f"node.data_dir = {self.data_dir}\n"
                 f"listeners.tcp.default = {self.port}\n"
-                f"listeners.tcp.bind = 127.0.0.1\n"
+                f"listeners.tcp.bind = {'0.0.0.0' if self.wrap else '127.0.0.1'}\n"
                 f"management.tcp.port = 0\nprometheus.tcp.port = 0\n"
                 + self.extra_config)
 
@@ -53,7 +56,7 @@ class BrokerProcess:
         env.setdefault("QQ_LOG_LEVEL", "INFO")
         log = open(self.log_path, "ab")
         offset = log.tell()
-        self.proc = subprocess.Popen([sys.executable, "-m", "broker", "--config", str(conf)],
+        self.proc = subprocess.Popen([*self.wrap, sys.executable, "-m", "broker", "--config", str(conf)],
                                      cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
