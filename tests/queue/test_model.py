@@ -14,7 +14,8 @@ the machine's containers and checks that:
   after its expiry, maxlen under drop-head, delivery_limit past the limit),
   and with a DLX configured (at-most-once) exactly those appear in DeadLetter
   effects with that reason;
-- first deliveries of each priority class are in publish (raft index) order;
+- first deliveries of each priority class are in publish (raft index) order,
+  and a high-priority message published before a normal one goes first;
 - prefetch is never exceeded; length limits hold (reject-publish: overshoot
   by at most one);
 - snapshot/restore at any point changes nothing: a restored shadow copy is
@@ -234,6 +235,13 @@ class QueueModel(RuleBasedStateMachine):
                 continue
             m.loc = loc
         assert not dead, f"dead-lettered messages that were not live: {dead}"
+        # a high-priority message published before a normal one is delivered first
+        fresh_lo = [i for i, d in delivered.items() if not d[3] and i in self.msgs
+                    and not self.msgs[i].hi]
+        if fresh_lo:
+            waiting_hi = [m.idx for m in self.msgs.values()
+                          if m.hi and m.loc == "ready" and m.returned == 0]
+            assert not waiting_hi or min(waiting_hi) > min(fresh_lo)
         # prefetch is never exceeded by a delivery (a consumer re-registered with a
         # lower prefetch may hold more, but then gets nothing until below it)
         for c in {d[0] for d in delivered.values()}:
