@@ -46,6 +46,7 @@ from .errors import (
 from .events import (
     CLOSED,
     NEED_DATA,
+    PAUSED,
     Ack,
     ChannelClose,
     ChannelCloseOk,
@@ -69,7 +70,7 @@ from .events import (
 from .tables import get_header_raw, long_long_value, set_header_raw, validate_properties
 
 __all__ = [
-    "CLOSED", "FRAME_MIN_SIZE", "HEARTBEAT_FRAME", "NEED_DATA", "PROTOCOL_HEADER",
+    "CLOSED", "FRAME_MIN_SIZE", "HEARTBEAT_FRAME", "NEED_DATA", "PAUSED", "PROTOCOL_HEADER",
     "RABBITMQ_CAPABILITIES", "AMQPChannelError", "AMQPConnectionError", "AMQPError",
     "AMQPProtocolError", "Ack", "ChannelClose", "ChannelCloseOk", "ChannelFlow",
     "ChannelOpen", "ChannelState", "ConnectionClose", "ConnectionCloseOk",

@@ -74,6 +74,7 @@ from .errors import (
 from .events import (
     CLOSED,
     NEED_DATA,
+    PAUSED,
     Ack,
     ChannelClose,
     ChannelCloseOk,
@@ -143,6 +144,8 @@ _RABBIT_STATE_NAME: Final = {
     ConnectionState.OPENING: "opening",
     ConnectionState.OPEN: "running",
 }
+# States waiting for the server's decision: input is left buffered meanwhile.
+_DECISION_STATES: Final = frozenset({ConnectionState.AUTHENTICATING, ConnectionState.OPENING})
 # Errors in these states close the socket silently (RabbitMQ's handshake_error).
 _SILENT_STATES: Final = frozenset(
     {ConnectionState.START_SENT, ConnectionState.AUTHENTICATING, ConnectionState.TUNE_SENT}
@@ -341,13 +344,16 @@ class ServerConnection:
         return True
 
     def next_event(self) -> Event | _Sentinel:
-        """The next event, or NEED_DATA, or CLOSED once the connection is over."""
+        """The next event, or NEED_DATA (feed more bytes), PAUSED (decide on the
+        pending login/open first), or CLOSED once the connection is over."""
         events = self._events
         while True:
             if events:
                 return events.popleft()
             if self._state is ConnectionState.CLOSED:
                 return CLOSED
+            if self._state in _DECISION_STATES:
+                return PAUSED
             if not self._step():
                 return NEED_DATA
 

@@ -40,6 +40,10 @@ NEED_DATA: Final = _Sentinel("NEED_DATA")
 """next_event(): no complete event buffered; feed more bytes."""
 CLOSED: Final = _Sentinel("CLOSED")
 """next_event(): the connection is closed; nothing more will come."""
+PAUSED: Final = _Sentinel("PAUSED")
+"""next_event(): waiting for the server's decision (accept_login/reject_login after
+ConnectionStartOk, accept_open/connection_error after ConnectionOpen). Input that
+the client pipelined stays buffered; call next_event() again after deciding."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from pamqp import header as pheader
 from broker.amqp import (
     CLOSED,
     NEED_DATA,
+    PAUSED,
     ConnectionState,
     ServerConfig,
     ServerConnection,
@@ -88,7 +89,7 @@ def feed(conn: ServerConnection, data: bytes, chunk: int = 1) -> list[Any]:
         conn.receive_data(data[i : i + chunk])
         while True:
             ev = conn.next_event()
-            if ev is NEED_DATA or ev is CLOSED:
+            if ev is NEED_DATA or ev is CLOSED or ev is PAUSED:
                 break
             events.append(ev)
     return events

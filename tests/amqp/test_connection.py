@@ -13,6 +13,7 @@ from broker.amqp import (
     CLOSED,
     HEARTBEAT_FRAME,
     NEED_DATA,
+    PAUSED,
     RABBITMQ_CAPABILITIES,
     Ack,
     ChannelClose,
@@ -487,3 +488,25 @@ def test_reused_buffers_are_copied() -> None:
     c.conn.receive_data(bytes(method(C.Basic.Qos(prefetch_count=3), 1))[5:])
     ev = c.conn.next_event()
     assert isinstance(ev, MethodReceived) and ev.method.prefetch_count == 3
+
+
+def test_pipelined_frames_wait_for_the_servers_decisions() -> None:
+    conn = ServerConnection()
+    startok = method(C.Connection.StartOk(client_properties={}, mechanism="PLAIN", response="\x00u\x00p"))
+    tuneok = method(C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0))
+    pipelined = method(C.Connection.Open(virtual_host="/")) + method(C.Channel.Open(), 1) + method(C.Basic.Qos(), 1)
+    conn.receive_data(HEADER + startok)
+    assert isinstance(conn.next_event(), ProtocolHeaderReceived)
+    assert isinstance(conn.next_event(), ConnectionStartOk)
+    assert conn.next_event() is PAUSED
+    conn.receive_data(tuneok)  # arrives before our decision: stays buffered
+    assert conn.next_event() is PAUSED
+    conn.accept_login()
+    assert isinstance(conn.next_event(), ConnectionTuneOk)
+    conn.receive_data(pipelined)
+    assert conn.next_event() == ConnectionOpen("/")
+    assert conn.next_event() is PAUSED  # channel.open must not be parsed before open-ok
+    conn.accept_open()
+    assert conn.next_event() == ChannelOpen(1)
+    assert isinstance(conn.next_event(), MethodReceived)
+    assert conn.next_event() is NEED_DATA

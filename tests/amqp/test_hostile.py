@@ -11,6 +11,7 @@ from pamqp import commands as C
 from broker.amqp import (
     CLOSED,
     NEED_DATA,
+    PAUSED,
     ConnectionState,
     ConnectionTerminated,
     ServerConfig,
@@ -41,7 +42,7 @@ def drive(conn: ServerConnection, data: bytes, cuts: list[int]) -> tuple[list[ob
         conn.receive_data(piece)
         while True:
             ev = conn.next_event()
-            if ev is NEED_DATA or ev is CLOSED:
+            if ev is NEED_DATA or ev is CLOSED or ev is PAUSED:
                 break
             events.append(ev)
         out += conn.data_to_send()

@@ -27,6 +27,7 @@ from pamqp import commands as C
 from broker.amqp import (
     CLOSED,
     NEED_DATA,
+    PAUSED,
     Ack,
     ConnectionOpen,
     ConnectionStartOk,
@@ -71,7 +72,7 @@ class MiniBroker:
                 out = []
                 while True:
                     ev = conn.next_event()
-                    if ev is NEED_DATA or ev is CLOSED:
+                    if ev is NEED_DATA or ev is CLOSED or ev is PAUSED:
                         break
                     out.append(self._handle(conn, ev, consumers, confirms, tags))
                 out.append(conn.data_to_send())
