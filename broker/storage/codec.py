@@ -11,6 +11,7 @@ import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import CorruptSegmentError, CorruptSnapshotError, InvalidGroupIdError
 
@@ -139,8 +140,7 @@ def entry_crc(index: int, term: int, stored: bytes | memoryview) -> int:
     return _crc32(stored, _crc32(_IT.pack(index, term)))
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentSlot:
+class SegmentSlot(NamedTuple):
     index: int
     term: int
     offset: int
@@ -194,7 +194,7 @@ def decode_segment_index(buf: bytes, count: int, file_size: int, where: str) -> 
     data inside the file, terms non-decreasing)."""
     if len(buf) < count * SEG_SLOT_SIZE:
         raise CorruptSegmentError(f"{where}: truncated segment index")
-    slots = [SegmentSlot(*t) for t in SEG_SLOT.iter_unpack(buf[: count * SEG_SLOT_SIZE])]
+    slots = list(map(SegmentSlot._make, SEG_SLOT.iter_unpack(buf[: count * SEG_SLOT_SIZE])))
     first = slots[0].index
     prev_term = 0
     for n, s in enumerate(slots):

@@ -806,6 +806,7 @@ class LogManager:
         for _seq, path in wal_files:
             self._replay(path, runs)
         # flush recovered entries into segments so the old WAL files can go
+        jobs = []
         for gid, run in runs.items():
             if gid in self._corrupt or not run.entries:
                 continue
@@ -815,7 +816,8 @@ class LogManager:
             nxt = max(seqs, default=0) + 1
             per = self.config.segment_max_entries
             chunks = [run.entries[k : k + per] for k in range(0, len(run.entries), per)]
-            self._write_segments(segdir, chunks, run.reset, list(range(nxt, nxt + len(chunks))))
+            jobs.append((segdir, chunks, run.reset, list(range(nxt, nxt + len(chunks)))))
+        self._write_segment_jobs(jobs)
         for gid, reason in self._corrupt.items():
             path = self._ensure_group_dir(gid)
             marker = os.path.join(path, CORRUPT_MARKER)
@@ -897,34 +899,56 @@ class LogManager:
     def _write_segments(
         self, segdir: str, chunks: list[list[Entry]], reset: bool, seqs: list[int]
     ) -> list[_SegFile]:
-        files = []
-        for n, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
-            data = codec.encode_segment(
-                self.config.segment_max_entries,
-                [(e.index, e.term, e.kind, e.data) for e in chunk],
-                reset and n == 0,
-            )
-            path = os.path.join(segdir, f"{seq:020d}{SEG_SUFFIX}")
-            tmp = path + ".tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                try:
+        return self._write_segment_jobs([(segdir, chunks, reset, seqs)])[0]
+
+    def _write_segment_jobs(
+        self, jobs: list[tuple[str, list[list[Entry]], bool, list[int]]]
+    ) -> list[list[_SegFile]]:
+        """Write segment files for several groups: all data first, then one
+        fdatasync per file (cheap after the first: the journal commit carries
+        them), renames, and one fsync per directory. Tmp files go on failure."""
+        opened: list[tuple[int, str, str]] = []  # fd, tmp, final
+        out: list[list[_SegFile]] = []
+        try:
+            for segdir, chunks, reset, seqs in jobs:
+                files = []
+                for n, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
+                    data = codec.encode_segment(
+                        self.config.segment_max_entries,
+                        [(e.index, e.term, e.kind, e.data) for e in chunk],
+                        reset and n == 0,
+                    )
+                    path = os.path.join(segdir, f"{seq:020d}{SEG_SUFFIX}")
+                    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    opened.append((fd, path + ".tmp", path))
                     write_all(fd, data, 0)
-                    if self._do_sync:
-                        os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+                    files.append(
+                        _SegFile(seq, path, chunk[0].index, chunk[-1].index, reset and n == 0)
+                    )
+                out.append(files)
+            if self._do_sync:
+                for fd, _tmp, _path in opened:
+                    os.fdatasync(fd)
+            for fd, tmp, path in opened:
+                os.close(fd)
                 os.rename(tmp, path)
-            except BaseException:
+            opened = []
+        except BaseException:
+            for fd, tmp, _path in opened:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
-                raise
-            files.append(_SegFile(seq, path, chunk[0].index, chunk[-1].index, reset and n == 0))
-        if files and self._do_sync:
-            fsync_dir(segdir)
-        return files
+            raise
+        if self._do_sync:
+            for segdir, chunks, _reset, _seqs in jobs:
+                if chunks:
+                    fsync_dir(segdir)
+        return out
 
     def _load_segments(self, segdir: str) -> list[_SegFile]:
         files = []
@@ -1252,15 +1276,20 @@ class LogManager:
     def _flush_gen(self, gen: int) -> None:
         with self._lock:
             groups = list(self._groups.values())
+        todo: list[GroupLog] = []
+        jobs = []
+        n = self.config.segment_max_entries
         for g in groups:
             with self._lock:
                 got = g._flush_portion(gen)
             if got is None:
                 continue
             portion, reset, seqs = got
-            n = self.config.segment_max_entries
             chunks = [portion[k : k + n] for k in range(0, len(portion), n)]
-            files = self._write_segments(os.path.join(g.path, "segments"), chunks, reset, seqs)
+            todo.append(g)
+            jobs.append((os.path.join(g.path, "segments"), chunks, reset, seqs))
+        written = self._write_segment_jobs(jobs)
+        for g, files in zip(todo, written, strict=True):
             with self._lock:
                 dropped = g._install(gen, files)
                 for f in dropped:
