@@ -141,7 +141,9 @@ def entry_crc(index: int, term: int, stored: bytes | memoryview) -> int:
 
 
 class SegmentSlot(NamedTuple):
-    index: int
+    """One 32-byte index slot of a segment file."""
+
+    idx: int  # the entry's Raft index ("index" would shadow tuple.index)
     term: int
     offset: int
     length: int
@@ -195,15 +197,15 @@ def decode_segment_index(buf: bytes, count: int, file_size: int, where: str) -> 
     if len(buf) < count * SEG_SLOT_SIZE:
         raise CorruptSegmentError(f"{where}: truncated segment index")
     slots = list(map(SegmentSlot._make, SEG_SLOT.iter_unpack(buf[: count * SEG_SLOT_SIZE])))
-    first = slots[0].index
+    first = slots[0].idx
     prev_term = 0
     for n, s in enumerate(slots):
-        if s.index != first + n:
-            raise CorruptSegmentError(f"{where}: index slot {n} holds index {s.index}, expected {first + n}")
+        if s.idx != first + n:
+            raise CorruptSegmentError(f"{where}: index slot {n} holds index {s.idx}, expected {first + n}")
         if s.term < prev_term:
-            raise CorruptSegmentError(f"{where}: term goes backwards at index {s.index}")
+            raise CorruptSegmentError(f"{where}: term goes backwards at index {s.idx}")
         if s.length < 1 or s.offset + s.length > file_size:
-            raise CorruptSegmentError(f"{where}: entry {s.index} lies outside the file")
+            raise CorruptSegmentError(f"{where}: entry {s.idx} lies outside the file")
         prev_term = s.term
     return slots
 

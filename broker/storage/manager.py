@@ -95,7 +95,7 @@ class _SegReader:
     def __init__(self, fd: int, slots: list[codec.SegmentSlot]) -> None:
         self.fd = fd
         self.slots = slots
-        self.first = slots[0].index
+        self.first = slots[0].idx
 
 
 class _Pending:
@@ -403,14 +403,14 @@ class GroupLog:
         out: list[Entry] = []
         for s in slots:
             stored = buf[s.offset - start : s.offset - start + s.length]
-            if len(stored) != s.length or codec.entry_crc(s.index, s.term, stored) != s.crc:
-                exc = CorruptSegmentError(f"{f.path}: entry {s.index} checksum mismatch")
+            if len(stored) != s.length or codec.entry_crc(s.idx, s.term, stored) != s.crc:
+                exc = CorruptSegmentError(f"{f.path}: entry {s.idx} checksum mismatch")
                 self._fail(exc)
                 raise exc
             size += s.length - 1
             if max_bytes is not None and size > max_bytes and (have or out):
                 return out, size, True
-            out.append(Entry(s.index, s.term, stored[1:], stored[0]))
+            out.append(Entry(s.idx, s.term, stored[1:], stored[0]))
         return out, size, False
 
     # ----- writes
@@ -971,7 +971,7 @@ class LogManager:
                 os.close(fd)
             if slots[0].offset < codec.SEG_HEADER_SIZE + max_count * codec.SEG_SLOT_SIZE:
                 raise CorruptSegmentError(f"{path}: entry data overlaps the index")
-            files.append(_SegFile(seq, path, slots[0].index, slots[-1].index,
+            files.append(_SegFile(seq, path, slots[0].idx, slots[-1].idx,
                                   bool(flags & codec.SEG_FLAG_RESET)))
         files.sort(key=lambda f: f.seq)
         return files
@@ -989,9 +989,9 @@ class LogManager:
             slots = codec.decode_segment_index(buf[codec.SEG_HEADER_SIZE:], count, len(buf), f.path)
             for s in slots:
                 stored = buf[s.offset : s.offset + s.length]
-                if codec.entry_crc(s.index, s.term, stored) != s.crc:
-                    raise CorruptSegmentError(f"{f.path}: entry {s.index} checksum mismatch")
-            if slots[0].index != f.first or slots[-1].index != f.last:
+                if codec.entry_crc(s.idx, s.term, stored) != s.crc:
+                    raise CorruptSegmentError(f"{f.path}: entry {s.idx} checksum mismatch")
+            if slots[0].idx != f.first or slots[-1].idx != f.last:
                 raise CorruptSegmentError(f"{f.path}: index range changed on disk")
         except BaseException:
             os.close(fd)
