@@ -241,7 +241,8 @@ class _Channel:
 
     def reset_content(self) -> None:
         self.content = _IDLE
-        self.parts = []
+        if self.parts:
+            self.parts = []
         self.properties_raw = b""
         self.remaining = 0
 
@@ -540,6 +541,17 @@ class ServerConnection:
         raise self._unexpected_in_state(method)
 
     def _in_open(self, ftype: int, channel: int, payload: bytes) -> None:
+        if ftype == FRAME_BODY:
+            chan = self._channels.get(channel)
+            # Fast path: the whole body in one frame (the common case below frame_max).
+            if chan is not None and chan.content == _BODY and not chan.parts and len(payload) == chan.remaining:
+                self._events.append(
+                    Publish(channel, chan.exchange, chan.routing_key, chan.mandatory, False, chan.properties_raw, payload)
+                )
+                chan.content = _IDLE
+                chan.remaining = 0
+                chan.properties_raw = b""
+                return
         if ftype == FRAME_METHOD:
             if len(payload) < 4:
                 raise _frame_error(ftype, payload, "unknown_frame")
@@ -1043,14 +1055,18 @@ class ServerConnection:
             return b""
         return self._out(codec.encode_nack(channel, delivery_tag, multiple, False))
 
-    def _client_has(self, capability: str) -> bool:
+    def client_has(self, capability: str) -> bool:
+        """Whether the client announced `capability` (e.g. "consumer_cancel_notify",
+        "connection.blocked") in its client_properties."""
         caps = self.client_properties.get("capabilities")
         return isinstance(caps, dict) and caps.get(capability) is True
+
+    _client_has = client_has  # kept for callers written against the first version
 
     def send_blocked(self, reason: str = "low on memory") -> bytes:
         """connection.blocked, only to clients with the connection.blocked capability
         and only once until send_unblocked()."""
-        if self._state is not ConnectionState.OPEN or self.blocked or not self._client_has("connection.blocked"):
+        if self._state is not ConnectionState.OPEN or self.blocked or not self.client_has("connection.blocked"):
             return b""
         self.blocked = True
         return self._out(codec.encode_method(0, C.Connection.Blocked(reason=reason)))

@@ -362,6 +362,7 @@ def test_blocked_only_for_capable_clients_and_once() -> None:
     unblocked = one(parse_frames(c.conn.send_unblocked()), 0)
     assert isinstance(unblocked, C.Connection.Unblocked)
     assert c.conn.send_unblocked() == b""
+    assert c.conn.client_has("connection.blocked") and not c.conn.client_has("consumer_cancel_notify")
     old = Client()
     old.open(capabilities={})
     assert old.conn.send_blocked() == b""
