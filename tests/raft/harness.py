@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from broker.raft import (
     Entry,
     EntryKind,
+    InstallSnapshot,
     InvariantViolation,
     MemoryStorage,
     Message,
@@ -281,6 +282,7 @@ class Cluster:
         self.delay: tuple[int, int] = (0, 0)
         self.net: list[tuple[int, int, Message]] = []
         self._mseq = 0
+        self.snapshot_chunks = 0
         pd: Callable[[], int] | None = None
         if persist_delay is not None:
             lo, hi = persist_delay
@@ -333,6 +335,8 @@ class Cluster:
                 self.send(m)
 
     def send(self, m: Message) -> None:
+        if type(m) is InstallSnapshot:
+            self.snapshot_chunks += 1
         if self.drop_rate and self.rng.random() < self.drop_rate:
             return
         copies = 2 if self.dup_rate and self.rng.random() < self.dup_rate else 1

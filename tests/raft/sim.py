@@ -43,6 +43,8 @@ class SimResult:
     conf_changes: int = 0
     transfers: int = 0
     snapshots_sent: int = 0
+    lost_writes: int = 0  # Readies not yet durable when their node crashed
+    promotions: int = 0
     liveness_ticks: int = 0
     log: list[str] = field(default_factory=list)
 
@@ -100,6 +102,7 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
                 alive = [h for h in members() if c.hosts[h].alive]
                 if len(alive) > 1:
                     victim = rng.choice(alive)
+                    res.lost_writes += len(c.hosts[victim].pending)
                     c.crash(victim)
                     down[victim] = step + rng.randint(1, 40)
                     res.crashes += 1
@@ -201,6 +204,10 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
         ck = c.checker
         assert ck is not None
         res.committed = ck.max_committed
+        res.snapshots_sent = c.snapshot_chunks
+        res.promotions = sum(
+            1 for h in spares if h in c.hosts[ids[0]].node.config.voters
+        )
         res.elections = len(ck.leaders)
     except (SafetyViolation, SimFailure) as exc:
         tail = "\n".join(log[-25:])

@@ -28,7 +28,9 @@ def _replay_hint(seed: int) -> str:
 @pytest.mark.parametrize(("lo", "hi"), CHUNKS, ids=[f"seeds{lo}-{hi - 1}" for lo, hi in CHUNKS])
 def test_simulation_seeds(lo: int, hi: int) -> None:
     failures = []
-    totals = {"committed": 0, "elections": 0, "crashes": 0, "conf": 0, "transfers": 0}
+    totals = dict.fromkeys(
+        ["committed", "elections", "crashes", "conf", "transfers", "lost", "snaps", "promoted"], 0
+    )
     for seed in range(lo, hi):
         try:
             r = run_seed(seed)
@@ -40,13 +42,17 @@ def test_simulation_seeds(lo: int, hi: int) -> None:
         totals["crashes"] += r.crashes
         totals["conf"] += r.conf_changes
         totals["transfers"] += r.transfers
+        totals["lost"] += r.lost_writes
+        totals["snaps"] += r.snapshots_sent
+        totals["promoted"] += r.promotions
     assert not failures, "\n\n".join(failures[:3])
     # The runs really exercised the system (not vacuously quiet clusters).
     n = hi - lo
-    assert totals["committed"] >= 50 * n
-    assert totals["crashes"] >= n
+    assert totals["committed"] >= 20 * n
     if n >= 20:
-        assert totals["conf"] > 0 and totals["transfers"] > 0
+        assert totals["crashes"] >= n and totals["conf"] > 0 and totals["transfers"] > 0
+        # Crashes lost not-yet-durable writes; snapshots were shipped; learners promoted.
+        assert totals["lost"] > 0 and totals["snaps"] > 0 and totals["promoted"] > 0, totals
 
 
 def test_replay() -> None:
