@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,14 @@ class RabbitNode:
         # Debian's rabbitmq-server and rabbitmqctl wrappers drop to the
         # `rabbitmq` user when started as root: it must own the node's directory.
         self.base.chmod(0o755)
+        # ... and reach it: temporary parents (pytest's, tempfile's) are 0700.
+        tmp = Path(tempfile.gettempdir()).resolve()
+        for parent in self.base.resolve().parents:
+            if parent == tmp or tmp not in parent.parents:
+                break
+            mode = parent.stat().st_mode
+            if not mode & 0o001:
+                parent.chmod(mode | 0o005)
         (self.base / "enabled_plugins").write_text("[].\n")
         (self.base / "rabbitmq.conf").write_text(config)
         if os.geteuid() == 0:

@@ -3,9 +3,10 @@ publisher confirms with a window of 1,000 in flight, a consumer with prefetch
 1,000 acking with `multiple` every 100. Publisher and consumer run in separate
 processes on raw frames (bench/amqp_raw.py) so the client is not the limit.
 
-    .venv/bin/python bench/throughput.py                      # our broker (+ RabbitMQ if installed)
-    .venv/bin/python bench/throughput.py --target rmq=127.0.0.1:5700
-    .venv/bin/python bench/throughput.py --messages 200000 --no-rabbitmq
+    .venv/bin/python bench/throughput.py                 # ours and RabbitMQ, 1 and 3 nodes
+    .venv/bin/python bench/throughput.py --setups ours,rabbitmq --messages 200000
+    .venv/bin/python bench/throughput.py --setups ours-cluster --failover
+    .venv/bin/python bench/throughput.py --setups "" --target mine=127.0.0.1:5672
 
 Prints, per target: messages/s end to end, p50/p99 publish->consume latency,
 and the ratio to RabbitMQ when both ran.
@@ -13,12 +14,15 @@ and the ratio to RabbitMQ when both ran.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import multiprocessing as mp
 import os
 import struct
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -108,7 +112,7 @@ def consumer(host: str, port: int, queue: str, n: int, prefetch: int, ack_every:
     c.close()
 
 
-def run_one(label: str, host: str, port: int, n: int, size: int, window: int,
+def run_one(label: str, host: str, port: int, *, n: int, size: int, window: int,
             prefetch: int, ack_every: int) -> dict[str, float]:
     queue = "qq-bench"
     setup = RawClient(host, port)
@@ -144,6 +148,86 @@ def run_one(label: str, host: str, port: int, n: int, size: int, window: int,
     return {"rate": rate, "p50": p50, "p99": p99}
 
 
+@contextlib.contextmanager
+def our_broker(nodes: int) -> Iterator[list[int]]:
+    """Start our broker (1 node, or a 3-node cluster) on free ports; yield AMQP ports."""
+    from tests.cluster.conftest import Cluster
+    from tests.e2e.broker_proc import BrokerProcess
+
+    with tempfile.TemporaryDirectory(prefix="qq-bench-") as d:
+        if nodes == 1:
+            b = BrokerProcess(Path(d) / "n1", env={"QQ_LOG_LEVEL": "WARNING"}).start()
+            try:
+                yield [b.port]
+            finally:
+                b.stop()
+        else:
+            c = Cluster(Path(d), size=nodes)
+            for n in c.nodes:
+                n.env["QQ_LOG_LEVEL"] = "WARNING"
+            c.start()
+            try:
+                yield [n.port for n in c.nodes]
+            finally:
+                c.stop()
+
+
+@contextlib.contextmanager
+def rabbitmq(nodes: int) -> Iterator[list[int]]:
+    """A throw-away RabbitMQ node, or `nodes` of them joined into one cluster."""
+    with tempfile.TemporaryDirectory(prefix="qq-bench-rmq-") as d:
+        started = []
+        try:
+            for i in range(nodes):
+                started.append(rabbitmq_local.start_node(
+                    Path(d) / f"r{i}", 5700 + i, f"qqbench{os.getpid()}r{i}@localhost"))
+            for n in started[1:]:
+                for cmd in (["stop_app"], ["join_cluster", started[0].name], ["start_app"]):
+                    r = n.ctl(*cmd)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"rabbitmqctl {' '.join(cmd)}: {r.stderr}")
+            yield [n.port for n in started]
+        finally:
+            for n in reversed(started):
+                n.stop()
+
+
+def failover(window_s: float = 60.0) -> None:
+    """kill -9 the queue leader's node of our 3-node cluster while a publisher on
+    another node publishes with confirms (one at a time); print the gap between
+    the kill and the next confirm."""
+    from tests.cluster.conftest import Cluster
+
+    with tempfile.TemporaryDirectory(prefix="qq-bench-fo-") as d:
+        c = Cluster(Path(d))
+        for n in c.nodes:
+            n.env["QQ_LOG_LEVEL"] = "WARNING"
+        c.start()
+        try:
+            setup = RawClient("127.0.0.1", c.nodes[0].port)
+            setup.declare_quorum_queue("failover")  # declared on node 1: its leader (client-local)
+            setup.close()
+            pub = RawClient("127.0.0.1", c.nodes[1].port)
+            pub.confirm_select()
+            killed = None
+            for i in range(100000):
+                if i == 200:
+                    c.nodes[0].kill()
+                    killed = time.monotonic()
+                pub.sock.sendall(RawClient.publish_frames(b"failover", b"x" * 1024))
+                acked = False
+                while not acked:
+                    for ftype, _ch, p in pub.read_frames():
+                        if ftype == 1 and struct.unpack_from(">HH", p) in ((60, 80), (60, 120)):
+                            acked = True
+                if killed is not None:
+                    print(f"failover: first confirm {time.monotonic() - killed:.2f} s after kill -9 "
+                          f"of the leader's node", flush=True)
+                    break
+        finally:
+            c.kill_all()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=100_000)
@@ -152,29 +236,33 @@ def main() -> int:
     ap.add_argument("--prefetch", type=int, default=1000)
     ap.add_argument("--ack-every", type=int, default=100)
     ap.add_argument("--target", action="append", default=[], help="label=host:port (repeatable)")
-    ap.add_argument("--no-rabbitmq", action="store_true", help="do not start a RabbitMQ node for comparison")
+    ap.add_argument("--setups", default="ours,rabbitmq,ours-cluster,rabbitmq-cluster",
+                    help="comma-separated: ours, rabbitmq, ours-cluster, rabbitmq-cluster")
+    ap.add_argument("--failover", action="store_true", help="also measure failover time (3 nodes)")
     args = ap.parse_args()
+    run = functools.partial(run_one, n=args.messages, size=args.size, window=args.window,
+                            prefetch=args.prefetch, ack_every=args.ack_every)
 
     results: dict[str, dict[str, float]] = {}
     for t in args.target:
         label, _, hp = t.partition("=")
         host, _, port = hp.rpartition(":")
-        results[label] = run_one(label, host, int(port), args.messages, args.size, args.window,
-                                 args.prefetch, args.ack_every)
-    if not args.target:
-        print("our broker: the node runtime is not built yet; pass --target to measure one", flush=True)
-    if not args.no_rabbitmq and rabbitmq_local.installed():
-        with tempfile.TemporaryDirectory(prefix="qq-bench-rmq-") as d:
-            node = rabbitmq_local.start_node(Path(d), 5700, f"qqbench{os.getpid()}@localhost")
-            try:
-                results["rabbitmq"] = run_one("rabbitmq", "127.0.0.1", 5700, args.messages, args.size,
-                                              args.window, args.prefetch, args.ack_every)
-            finally:
-                node.stop()
-    ours = [k for k in results if k != "rabbitmq"]
-    if "rabbitmq" in results:
-        for k in ours:
-            print(f"ratio {k}/rabbitmq: {results[k]['rate'] / results['rabbitmq']['rate']:.2f}")
+        results[label] = run(label, host, int(port))
+    setups = [s for s in args.setups.split(",") if s]
+    have_rmq = rabbitmq_local.installed()
+    for setup in setups:
+        if setup.startswith("rabbitmq") and not have_rmq:
+            print(f"{setup}: rabbitmq-server is not installed; skipped", flush=True)
+            continue
+        nodes = 3 if setup.endswith("cluster") else 1
+        ctx = our_broker(nodes) if setup.startswith("ours") else rabbitmq(nodes)
+        with ctx as ports:
+            results[setup] = run(setup, "127.0.0.1", ports[0])
+    for ours, theirs in (("ours", "rabbitmq"), ("ours-cluster", "rabbitmq-cluster")):
+        if ours in results and theirs in results:
+            print(f"ratio {ours}/{theirs}: {results[ours]['rate'] / results[theirs]['rate']:.2f}")
+    if args.failover:
+        failover()
     return 0
 
 
