@@ -123,6 +123,7 @@ class Channel:
         self.closed = False
         # consumers and deliveries
         self.prefetch = 0
+        self.global_prefetch = 0  # basic.qos global=true (per channel, as RabbitMQ)
         self.consumers: dict[str, Consumer] = {}
         self.next_tag = 1
         self.unacked: OrderedDict[int, tuple[QueueProcess, ConsumerId, int]] = OrderedDict()
@@ -220,6 +221,9 @@ class Channel:
     def exchange_declare(self, m: C.Exchange.Declare) -> None:
         if not m.passive:
             self._check("configure", "exchange", m.exchange, m)
+            if m.exchange_type not in _EXCHANGE_TYPES and m.exchange and not m.exchange.startswith("amq."):
+                # RabbitMQ's text (broker.metadata says 'invalid exchange type')
+                raise ConnectionError_(503, f"unknown exchange type '{m.exchange_type}'", m)
         cmd = md.DeclareExchange(
             md.VhostName(self._vhost()), md.ExchangeName(m.exchange), m.exchange_type,
             bool(m.durable), bool(m.auto_delete), bool(m.internal),
@@ -305,6 +309,13 @@ class Channel:
     def queue_delete(self, m: C.Queue.Delete) -> None:
         qname = self._queue_name(m.queue, m)
         self._check("configure", "queue", qname, m)
+        record = self.node.queue_record(self._vhost(), qname)
+        if record is not None and record.type == "quorum" and (m.if_unused or m.if_empty):
+            # RabbitMQ refuses both flags for quorum queues with a connection error.
+            flag = "if-unused" if m.if_unused else "if-empty"
+            raise ConnectionError_(540, f"cannot delete queue '{qname}' in vhost '{self._vhost()}'. "
+                                        f"queue.delete operations with {flag} flag set are not "
+                                        f"supported by quorum queues", m)
         self._run_async(self._queue_delete(qname, m))
 
     async def _queue_delete(self, qname: str, m: C.Queue.Delete) -> None:
@@ -337,7 +348,7 @@ class Channel:
         if m.global_:
             # RabbitMQ: global qos is refused for quorum queues at consume time;
             # we keep a channel-wide limit and refuse consuming from quorum queues.
-            self.conn.global_prefetch = m.prefetch_count
+            self.global_prefetch = m.prefetch_count
         else:
             self.prefetch = m.prefetch_count
         self.send(C.Basic.QosOk())
@@ -352,23 +363,30 @@ class Channel:
             tag = f"amq.ctag-{self.conn.id}-{self.number}-{self._consumer_seq}"
         if tag in self.consumers:
             raise ConnectionError_(530, f"attempt to reuse consumer tag '{tag}'", m)
-        if q.kind == "quorum" and self.conn.global_prefetch:
-            raise ChannelError(406, "consume: quorum queues do not support global qos", m)
+        if q.kind == "quorum" and self.global_prefetch:
+            # RabbitMQ (3.10 and 4.x) closes the connection here with 540, although
+            # the docs speak of a channel error: clients see the reply, so we follow it.
+            raise ConnectionError_(540, f"queue '{qname}' in vhost '{self._vhost()}' does not support "
+                                        f"global qos", m)
         record = self.node.queue_record(self._vhost(), qname)
         if record is not None and record.exclusive_owner not in (None, self.conn.id):
             raise ChannelError(405, f"cannot obtain exclusive access to locked queue '{qname}' in "
                                     f"vhost '{self._vhost()}'. It could be originally declared on "
                                     f"another connection or the exclusive property value does not "
                                     f"match that of the original declaration.", m)
-        if m.exclusive and q.consumers:
-            raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
-        if any(c.exclusive for c in q.consumers.values()):
-            raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ChannelError(406, f"invalid arg 'x-priority' for queue '{qname}' in vhost "
-                                    f"'{self._vhost()}'", m)
+                                    f"'{self._vhost()}': \"expected integer, got {_amqp_type(priority)}\"", m)
+        # Exclusive consumers are enforced by classic queues only: RabbitMQ's quorum
+        # queues (3.10 and 4.x, rabbit_quorum_queue:consume) accept the flag and
+        # ignore it, and clients see that reply.
+        if q.kind != "quorum":
+            if m.exclusive and q.consumers:
+                raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
+            if any(c.exclusive for c in q.consumers.values()):
+                raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
         consumer = Consumer(self, q, tag, bool(m.no_ack), bool(m.exclusive), self.prefetch, priority)
         self.consumers[tag] = consumer
         q.add_consumer(consumer)
@@ -681,7 +699,25 @@ class Channel:
         self.unacked.clear()
 
 
+def _amqp_type(value: Any) -> str:
+    """RabbitMQ's name for a field-table value's type (in error texts)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (str, bytes)):
+        return "longstr"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if value is None:
+        return "void"
+    return type(value).__name__
+
+
 _PUBLISH = C.Basic.Publish()
+_EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 _ACK = C.Basic.Ack()
 _NACK = C.Basic.Nack()
 
@@ -786,6 +822,10 @@ class AmqpConnection(asyncio.Protocol):
         amqp = self.amqp
         if t is ev.ConnectionStartOk:
             self._login(event)
+        elif t is ev.ConnectionTuneOk:
+            if event.heartbeat and self._ticker is not None:
+                self._ticker.cancel()  # re-pace ticks for the negotiated heartbeat
+                self._schedule_tick()
         elif t is ev.ConnectionOpen:
             state = self.node.meta.state
             err = md.check_vhost_access(state, self.user, event.virtual_host)
@@ -881,7 +921,11 @@ class AmqpConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------ heartbeats
     def _schedule_tick(self) -> None:
-        self._ticker = asyncio.get_running_loop().call_later(1.0, self._tick)
+        # Tick often enough to send a heartbeat every heartbeat/2 seconds and to
+        # notice 2 missed intervals promptly, even for short timeouts (1 s).
+        hb = self.amqp.heartbeat
+        interval = min(1.0, max(0.1, hb / 4)) if hb else 1.0
+        self._ticker = asyncio.get_running_loop().call_later(interval, self._tick)
 
     def _tick(self) -> None:
         if self.closed:
