@@ -174,6 +174,7 @@ class _SnapRecv:
 
 
 _kind_of = attrgetter("kind")
+_BYTES_ONLY = {bytes}
 _NORMAL = EntryKind.NORMAL
 _CONFIG = EntryKind.CONFIG
 _REPLICATE = ProgressState.REPLICATE
@@ -825,6 +826,8 @@ class RaftNode:
     def propose(self, data: bytes) -> Index:
         """Append a command; returns its index. Raises NotLeader(leader_id)."""
         self._check_can_propose()
+        if type(data) is not bytes:
+            raise RaftUsageError(f"proposal data must be bytes, not {type(data).__name__}")
         idx = self.log.last_index() + 1
         self.log.append([Entry(Term(self.term), Index(idx), _NORMAL, data)])
         self._bcast_append()
@@ -835,6 +838,8 @@ class RaftNode:
         self._check_can_propose()
         if not datas:
             return []
+        if not set(map(type, datas)) <= _BYTES_ONLY:  # C-level check
+            raise RaftUsageError("proposal data must be bytes")
         first = self.log.last_index() + 1
         t = Term(self.term)
         # Hot path: no per-entry NewType calls (they are Python-level calls).

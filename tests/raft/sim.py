@@ -12,7 +12,7 @@ new proposal committed and applied by every voter within `liveness_ticks`.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from broker.raft import (
     ConfChange,
@@ -65,7 +65,14 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
     n = 3 if seed % 2 == 0 else 5
     ids = [f"n{k}" for k in range(1, n + 1)]
     spares = [f"s{k}" for k in range(1, 3)]
-    c = Cluster(ids, seed=seed, cfg=SIM_CFG, persist_delay=(0, 3), compact_every=12, spares=spares)
+    cfg = SIM_CFG
+    if seed % 5 == 3:
+        cfg = replace(cfg, pre_vote=False)  # elections still safe and live without pre-vote
+    if seed % 7 == 5:
+        cfg = replace(cfg, check_quorum=False)
+    if seed % 3 == 1:
+        cfg = replace(cfg, heartbeat_tick=1, max_inflight_msgs=64, max_entries_per_msg=64)
+    c = Cluster(ids, seed=seed, cfg=cfg, persist_delay=(0, 3), compact_every=12, spares=spares)
     res = SimResult(seed, n)
     log = res.log
     c.drop_rate = rng.choice([0.0, 0.02, 0.1])

@@ -470,6 +470,13 @@ def test_bad_inputs_get_typed_errors() -> None:
         RaftNode("1", MemoryStorage(voters=["1"]), RaftConfig(), None)
     with pytest.raises(RaftUsageError):
         node("9").campaign()  # not a voter
+    c = Cluster("1")
+    c.elect("1")
+    with pytest.raises(RaftUsageError):
+        c.node("1").propose("text")  # type: ignore[arg-type]
+    with pytest.raises(RaftUsageError):
+        c.node("1").propose_batch([b"ok", 5])  # type: ignore[list-item]
+    assert c.node("1").log.last_index() == 1  # nothing was appended
 
 
 def test_corrupt_storage_commit_beyond_log_raises_invariant_violation() -> None:
