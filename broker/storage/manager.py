@@ -153,6 +153,21 @@ def _sync(fd: int, method: str) -> None:
         os.fsync(fd)
 
 
+#: How far past a bad WAL record recovery looks for a valid one (which would
+#: make the bad record corruption rather than a torn tail).
+_SCAN_LIMIT = 256 * 1024
+
+
+def _scan_for_record(buf: bytes, lo: int, hi: int) -> int | None:
+    """Offset of the first valid WAL record starting in [lo, hi), if any."""
+    types = codec.REC_TYPES
+    for q in range(lo, hi):
+        if q + codec.REC_HEADER_SIZE <= len(buf) and buf[q + 8] in types:
+            if codec.decode_record(buf, q) is not None:
+                return q
+    return None
+
+
 def _lock_dir(path: str) -> int:
     """Exclusive flock on <data_dir>/LOCK: one LogManager per directory."""
     fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -879,8 +894,12 @@ class LogManager:
         in which case the groups that lost records are marked corrupt."""
         end = codec.record_length_at(buf, pos)
         if end is None or codec.decode_record(buf, end) is None:
-            return  # torn tail: cut here
+            # the length field may be the damaged part: look a little further
+            end = _scan_for_record(buf, pos + 1, min(len(buf), pos + _SCAN_LIMIT))
+            if end is None:
+                return  # torn tail: cut here
         affected: set[str] = set()
+        unknown = False
         (bad_ref,) = struct.unpack_from("<I", buf, pos + 12)
         if bad_ref in refs:
             affected.add(refs[bad_ref])
@@ -890,7 +909,12 @@ class LogManager:
                 refs[rec.ref] = rec.payload.decode("utf-8")
             elif rec.ref in refs:
                 affected.add(refs[rec.ref])
+            else:  # its GROUP record was in the damaged bytes: cannot tell whose
+                unknown = True
             p = rec.end
+        if unknown:  # any group of this node may have lost records: stop them all
+            affected.update(refs.values())
+            affected.update(self.group_ids())
         reason = f"{path}: corrupt WAL record at offset {pos}; later records of this group lost"
         for gid in affected:
             self._corrupt.setdefault(gid, reason)
