@@ -230,9 +230,22 @@ class QueueProcess:
         self._timer = None
         if not self.deleted and self.is_leader:
             try:
-                self.command(qm.Tick())
+                fut = self.command(qm.Tick())
             except Exception as exc:  # not leader any more: the new leader owns the timer
                 log.debug("%s: timer tick not proposed: %s", self.name, exc)
+                return
+            fut.add_done_callback(self._rearm_timer)
+
+    def _rearm_timer(self, fut: asyncio.Future[Any]) -> None:
+        """A Tick applied before the machine's deadline leaves `state.timer_at`
+        set without a new SetTimer effect (the machine assumes the timer is
+        still armed), e.g. after a housekeeping tick replaced it. Invariant
+        kept here: while `timer_at` is set on the leader, a timer is armed."""
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        at = self.state.timer_at
+        if at is not None and self._timer is None and not self.deleted and self.is_leader:
+            self._set_timer(max(at - int(time.time() * 1000), 1))
 
     def _release(self, eff: qe.ReleaseCursor) -> None:
         """Drop cached bodies below the smallest live index."""
