@@ -77,6 +77,7 @@ from broker.raft.types import (
     TimeoutNow,
     decode_conf_entry,
     encode_conf_entry,
+    make_entries,
 )
 
 
@@ -842,11 +843,9 @@ class RaftNode:
             raise RaftUsageError("proposal data must be bytes")
         first = self.log.last_index() + 1
         t = Term(self.term)
-        # Hot path: no per-entry NewType calls (they are Python-level calls).
-        idxs: range = range(first, first + len(datas))
-        self.log.append([Entry(t, i, _NORMAL, d) for i, d in zip(idxs, datas, strict=True)])  # type: ignore[arg-type]
+        self.log.append(make_entries(t, Index(first), _NORMAL, datas))
         self._bcast_append()
-        return list(idxs)  # type: ignore[arg-type]
+        return list(range(first, first + len(datas)))  # type: ignore[arg-type]
 
     def propose_conf_change(self, cc: ConfChange) -> Index:
         """Propose a single-server membership change; it takes effect when

@@ -725,3 +725,14 @@ def test_memory_storage_answers_compacted_and_unavailable() -> None:
     assert [e.index for e in s.entries(Index(3), Index(5), 1)] == [3]  # max_bytes: at least one
     with pytest.raises(RaftUsageError):
         s.compact(Index(4))  # beyond the snapshot
+
+
+def test_make_entries_builds_the_same_frozen_entries_as_the_constructor() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from broker.raft.types import make_entries
+
+    got = make_entries(Term(3), Index(7), EntryKind.NORMAL, [b"a", b"bb"])
+    assert got == [Entry(Term(3), Index(7), EntryKind.NORMAL, b"a"), Entry(Term(3), Index(8), EntryKind.NORMAL, b"bb")]
+    with pytest.raises(FrozenInstanceError):
+        got[0].term = Term(4)  # type: ignore[misc]
