@@ -34,9 +34,10 @@ What the runtime must do with each effect:
   no live message, so segments wholly below it can be deleted.
 - `ActiveConsumerChanged(consumer, active)`: single active consumer status
   changed (management/metrics; AMQP 0-9-1 clients are not told).
-- `ConsumerCancelled(consumer)`: the queue removed a consumer on its own
-  (queue deleted through `DeleteQueue`): send basic.cancel if the client
-  supports consumer_cancel_notify.
+- `ConsumerCancelled(consumer)`: the consumer stopped consuming (basic.cancel,
+  consumer or channel down): update consumer metrics/events (RabbitMQ's
+  consumer_deleted). Clients are not told (the channel already answered
+  basic.cancel-ok, or is gone).
 """
 from __future__ import annotations
 

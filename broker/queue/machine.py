@@ -145,7 +145,7 @@ class QueueState:
         "consumers", "service", "service_prios", "sac_active", "sac_waiting", "publishers",
         "blocked", "dlx_pending", "dlx_checked", "dlx_bytes", "dlx_prefetch", "dlx_attached",
         "dlx_next_id", "last_active", "timer_at", "since_cursor", "deleted", "dls",
-        "enqueued_total", "dead_lettered_total",
+        "enqueued_total", "dead_lettered_total", "has_limits",
     )
 
     def __init__(self, config: QueueConfig, created_ms: int | None = None) -> None:
@@ -181,6 +181,8 @@ class QueueState:
         self.dls: list[tuple[int, int, int]] = []
         self.enqueued_total = 0
         self.dead_lettered_total = 0
+        # derived from config (not serialised): a length limit is configured
+        self.has_limits = config.max_length is not None or config.max_length_bytes is not None
 
     # ------------------------------------------------------------ queries
 
@@ -343,15 +345,23 @@ def _next_consumer(st: QueueState) -> Consumer | None:
 
 def _checkout(st: QueueState, now: int, effects: list[Effect]) -> None:
     """Deliver ready messages round-robin to consumers with credit, highest
-    consumer priority first."""
+    consumer priority first. (Hot path: locals instead of attribute lookups.)"""
     if not st.service_prios:
         return
-    deliveries: dict[ConsumerId, list[Delivery]] = {}
+    returns = st.returns
+    hi = st.hi
+    lo = st.lo
+    if not (returns or hi or lo):
+        return
     extra = st.extra
-    while st.returns or st.hi or st.lo:
+    service = st.service
+    first: Consumer | None = None
+    first_list: list[Delivery] = []
+    others: dict[ConsumerId, list[Delivery]] | None = None
+    while returns or hi or lo:
         if extra:
             _expire_heads(st, now)
-            if not (st.returns or st.hi or st.lo):
+            if not (returns or hi or lo):
                 break
         c = _next_consumer(st)
         if c is None:
@@ -361,20 +371,37 @@ def _checkout(st: QueueState, now: int, effects: list[Effect]) -> None:
         mid = c.next_msg_id
         c.next_msg_id = mid + 1
         c.checked[mid] = rec
-        c.credit -= 1
         idx = rec >> SIZE_BITS
         h = extra.get(idx) if extra else None
         d: Delivery = (MsgId(mid), idx, h[0], h[2] > 0) if h is not None \
             else (MsgId(mid), idx, 0, False)
-        lst = deliveries.get(c.cid)
-        if lst is None:
-            deliveries[c.cid] = [d]
+        if c is first:
+            first_list.append(d)
+        elif first is None:
+            first = c
+            first_list.append(d)
         else:
-            lst.append(d)
+            if others is None:
+                others = {}
+            lst = others.get(c.cid)
+            if lst is None:
+                others[c.cid] = [d]
+            else:
+                lst.append(d)
+        c.credit -= 1
         if c.credit > 0:
-            _add_service(st, c)
-    for cid, lst in deliveries.items():
-        effects.append(Deliver(cid, tuple(lst)))
+            # just popped from its service deque: back to the end (round robin)
+            dq = service.get(c.priority)
+            if dq is None:
+                _add_service(st, c)
+            else:
+                c.in_service = True
+                dq.append(c.cid)
+    if first is not None:
+        effects.append(Deliver(first.cid, tuple(first_list)))
+    if others:
+        for cid, lst in others.items():
+            effects.append(Deliver(cid, tuple(lst)))
 
 
 def _drop_for_limits(st: QueueState) -> None:
@@ -473,6 +500,8 @@ def _consumer_gone(st: QueueState, c: Consumer, now: int, effects: list[Effect])
     was_active = st.sac_active == c.cid
     if c.status == WAITING:
         st.sac_waiting.remove(c.cid)
+    if c.status != DEQUEUE and c.status != CANCELLED:
+        effects.append(ConsumerCancelled(c.cid))
     _remove_consumer(st, c, now)
     if was_active:
         st.sac_active = None
@@ -575,10 +604,11 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
     effects: list[Effect] = []
     pub = cmd.publisher
     if pub is not None:
-        last = st.publishers.get(pub)
+        publishers = st.publishers
+        last = publishers.get(pub)
         if last is not None and cmd.seq <= last:
             return EnqueueResult.DUPLICATE, effects
-        st.publishers[pub] = cmd.seq
+        publishers[pub] = cmd.seq
         if st.blocked:
             if last is None:
                 effects.append(RejectPublish(pub))
@@ -589,9 +619,7 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
     if size < 0 or size > SIZE_MASK:
         raise QueueCommandError(f"enqueue size out of range: {size}")
     idx = meta.index
-    rec = (idx << SIZE_BITS) | size
     cfg = st.config
-    now = meta.timestamp_ms
     ttl = cfg.message_ttl_ms
     exp = cmd.expiration_ms
     if ttl is not None or exp is not None:
@@ -600,15 +628,16 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
         assert exp is not None
         if exp < 0:
             raise QueueCommandError(f"negative expiration: {exp}")
-        st.extra[idx] = (0, now + exp, 0)
+        st.extra[idx] = (0, meta.timestamp_ms + exp, 0)
     prio = cmd.priority
     if prio is not None and prio > HIGH_PRIORITY_ABOVE:
-        st.hi.append(rec)
+        st.hi.append((idx << SIZE_BITS) | size)
     else:
-        st.lo.append(rec)
+        st.lo.append((idx << SIZE_BITS) | size)
     st.ready_bytes += size
     st.enqueued_total += 1
-    _checkout(st, now, effects)
+    if st.service_prios:
+        _checkout(st, meta.timestamp_ms, effects)
     # length limits are enforced for every command in `apply`
     return EnqueueResult.ACCEPTED, effects
 
@@ -691,6 +720,7 @@ def _cancel(meta: Meta, cmd: Cancel, st: QueueState) -> tuple[Reply, list[Effect
     if c.status == WAITING:
         st.sac_waiting.remove(c.cid)
     c.status = CANCELLED
+    effects.append(ConsumerCancelled(c.cid))
     if not c.checked:
         _remove_consumer(st, c, now)
     if was_active:
@@ -751,8 +781,13 @@ def _settle(meta: Meta, cmd: Settle, st: QueueState) -> tuple[Reply, list[Effect
             extra.pop(rec >> SIZE_BITS, None)
     if c.mode is CreditMode.SIMPLE_PREFETCH:
         c.credit += n
-    _after_consumer_change(st, c, meta.timestamp_ms, effects)
-    _checkout(st, meta.timestamp_ms, effects)
+    if c.status == UP:
+        if c.credit > 0 and not c.in_service:
+            _add_service(st, c)
+    else:
+        _after_consumer_change(st, c, meta.timestamp_ms, effects)
+    if st.returns or st.hi or st.lo:
+        _checkout(st, meta.timestamp_ms, effects)
     return OK, effects
 
 
@@ -837,6 +872,7 @@ def _update_config(meta: Meta, cmd: UpdateConfig, st: QueueState) -> tuple[Reply
     # x-single-active-consumer is fixed at declaration
     new = replace(new, single_active_consumer=old.single_active_consumer)
     st.config = new
+    st.has_limits = new.max_length is not None or new.max_length_bytes is not None
     if old.at_least_once and not new.at_least_once:
         _drop_dlx(st)
     _checkout(st, meta.timestamp_ms, effects)
@@ -918,10 +954,10 @@ def apply(meta: Meta, command: Command, state: QueueState
     if st.last_active is None:
         st.last_active = meta.timestamp_ms
     reply, effects = handler(meta, command, st)
-    cfg = st.config
-    if cfg.max_length is not None or cfg.max_length_bytes is not None:
+    if st.has_limits:
         # evaluated after every command: returns and policy changes can also
         # take the queue over its limits
+        cfg = st.config
         if cfg.overflow == "reject-publish":
             if not st.blocked and _over_limit(st):
                 _block(st, effects)
@@ -935,10 +971,12 @@ def apply(meta: Meta, command: Command, state: QueueState
         _maybe_unblock(st, effects)
     if st.extra:
         _maybe_timer(st, meta.timestamp_ms, effects)
-    st.since_cursor += 1
-    if st.since_cursor >= RELEASE_CURSOR_INTERVAL:
+    n = st.since_cursor + 1
+    if n >= RELEASE_CURSOR_INTERVAL:
         _release_cursor(st, meta, effects)
+    else:
+        st.since_cursor = n
     return st, reply, effects
 
 
-__all__ = ["Consumer", "QueueState", "apply", "new_state", "pack", "ConsumerCancelled"]
+__all__ = ["Consumer", "QueueState", "apply", "new_state", "pack"]

@@ -7,8 +7,7 @@ with the `Meta` of the log entry that carried them; nothing here does I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NewType
+from typing import NamedTuple, NewType
 
 ChannelRef = NewType("ChannelRef", str)
 """Opaque, cluster-unique name of an AMQP channel (e.g. ``"node1/conn7/ch1"``).
@@ -26,23 +25,25 @@ get an empty consumer tag (the server names unnamed consumers), so it cannot
 clash with a real consumer."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ConsumerId:
-    """A consumer is (channel, consumer tag); unique within one queue."""
+class ConsumerId(NamedTuple):
+    """A consumer is (channel, consumer tag); unique within one queue.
+
+    A NamedTuple rather than a dataclass: it is hashed several times per
+    delivery, and tuple hashing is done in C."""
 
     channel: ChannelRef
     tag: str
 
 
-@dataclass(frozen=True, slots=True)
-class Meta:
+class Meta(NamedTuple):
     """Metadata of the committed log entry a command was carried in.
 
     `timestamp_ms` is the leader's wall clock when it appended the entry: it is
     the machine's only notion of time, so every replica computes the same
     expiries. Invariant: `index` strictly increases across applied commands.
+    (A NamedTuple: one is built per applied entry, on the hot path.)
     """
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose
     term: int
     timestamp_ms: int

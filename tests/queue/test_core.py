@@ -305,3 +305,17 @@ def test_bad_commands_are_refused_with_a_typed_error() -> None:
 
 def test_record_packs_index_and_size() -> None:
     assert pack(7, 100) >> 32 == 7 and pack(7, 100) & 0xFFFFFFFF == 100
+
+
+def test_consumer_cancelled_is_reported_once_on_cancel_or_down() -> None:
+    from broker.queue import ConsumerCancelled
+    h = Harness()
+    a, b = cid("ch1", "a"), cid("ch2", "b")
+    h.consume(a)
+    h.consume(b)
+    _, eff = h.run(Cancel(a))
+    assert of_type(eff, ConsumerCancelled) == [ConsumerCancelled(a)]
+    _, eff = h.run(ChannelDown(ChannelRef("ch2")))
+    assert of_type(eff, ConsumerCancelled) == [ConsumerCancelled(b)]
+    _, eff = h.run(Cancel(a))
+    assert of_type(eff, ConsumerCancelled) == []
