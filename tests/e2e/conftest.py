@@ -43,26 +43,6 @@ def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     node.stop()
 
 
-@pytest.fixture(scope="session")
-def rabbitmq_any_user() -> Iterator[int]:
-    """Like `rabbitmq`, but the node's directory is under /tmp directly: when
-    the tests run as root, Debian's wrappers run the node as the `rabbitmq`
-    user, which cannot enter pytest's 0700 `/tmp/pytest-of-root` (the node
-    then fails with `{could_not_read_pid, eacces}`)."""
-    import shutil
-    import tempfile
-
-    if not rabbitmq_local.installed():
-        pytest.skip("rabbitmq-server is not installed (make test installs it when run as root)")
-    base = Path(tempfile.mkdtemp(prefix="qq-rabbitmq-"))
-    base.chmod(0o755)
-    port = _port_pair()
-    node = rabbitmq_local.start_node(base / "node", port, f"qqcompat{os.getpid()}@localhost")
-    yield port
-    node.stop()
-    shutil.rmtree(base, ignore_errors=True)
-
-
 # ------------------------------------------------------------ definitions-loaded brokers
 # (connection/auth/hostile/client tests: the same users, vhosts and permissions
 # loaded through `load_definitions` into our broker and into RabbitMQ)
@@ -183,19 +163,3 @@ class DefsBrokerProcess(BrokerProcess):
     @property
     def config_text(self) -> str:
         return super().config_text.replace("listeners.tcp.bind = 127.0.0.1", "listeners.tcp.bind = 0.0.0.0")
-
-
-def _port_pair() -> int:
-    """A free port P below 45536 whose distribution port P + 20000 (see
-    bench/rabbitmq_local.py) is free too."""
-    import socket
-
-    for port in range(25000 + os.getpid() % 15000, 45536):
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("0.0.0.0", port + 20000))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for RabbitMQ")

@@ -3,8 +3,11 @@ real RabbitMQ node, compared on what a client can observe.
 
 Each scenario is a function `port -> result` written with pika's blocking
 adapter. It records reply codes and texts of errors, counts, delivery order,
-redelivered flags and headers. The test runs it against the `rabbitmq` fixture
-(RabbitMQ 3.10) and against our broker, and asserts the results are equal,
+redelivered flags and headers. The test runs it against RabbitMQ 3.10 (the
+session's `rabbitmq_defs` node, shared with the connection tests so the suite
+boots one RabbitMQ; its extra definitions do not touch these names; the plain
+`rabbitmq` fixture's node cannot start as root, see conftest) and against our
+broker, and asserts the results are equal,
 except where RabbitMQ 4.x semantics differ from 3.10: then the scenario's
 `to_4x` function turns the 3.10 result into what 4.x does (and says why, with
 the 4.x docs as the source), and our broker must give that.
@@ -681,8 +684,8 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_same_as_rabbitmq(name: str, broker: BrokerProcess, rabbitmq_any_user: int) -> None:
+def test_same_as_rabbitmq(name: str, broker: BrokerProcess, rabbitmq_defs: int) -> None:
     scenario = SCENARIOS[name]
-    theirs = plain(scenario.to_4x(scenario.fn(rabbitmq_any_user)))
+    theirs = plain(scenario.to_4x(scenario.fn(rabbitmq_defs)))
     ours = plain(scenario.fn(broker.port))
     assert ours == theirs
