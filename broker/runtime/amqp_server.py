@@ -204,6 +204,8 @@ class Channel:
         return self.conn.vhost
 
     def _check(self, kind: str, rtype: str, name: str, method: Any) -> None:
+        if rtype == "exchange" and not name:
+            name = "amq.default"  # RabbitMQ authorises the default exchange under this name
         err = md.check(self.node.meta.state, self._user(), self._vhost(), kind,  # type: ignore[arg-type]
                        md.Resource(rtype, name))  # type: ignore[arg-type]
         if err is not None:

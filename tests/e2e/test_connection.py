@@ -86,7 +86,7 @@ class Wire:
         self.sock.settimeout(left)
         try:
             data = self.sock.recv(1 << 16)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no data from the server") from None
         except ConnectionResetError:
             data = b""
