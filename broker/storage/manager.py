@@ -765,7 +765,18 @@ class LogManager:
         self._fd = -1
         self._offset = 0
         self._dir_lock = _lock_dir(self.data_dir)
-        self._recover()
+        try:
+            self._recover()
+        except BaseException as exc:
+            if self._fd >= 0:
+                os.close(self._fd)
+            os.close(self._dir_lock)
+            if isinstance(exc, OSError) and not isinstance(exc, StorageError):
+                raise StorageIOError(
+                    exc.errno or 5,
+                    f"recovery of {self.data_dir} failed (nothing was deleted): {exc}",
+                ) from exc
+            raise
         self._flushed_upto = self._gen - 1
         self._flushed_cv = threading.Condition()
         self._flush_q: queue.Queue[int | None] = queue.Queue()

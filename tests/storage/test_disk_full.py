@@ -1,0 +1,82 @@
+"""Write errors: a 1 MiB tmpfs fills up under the WAL. The group whose write
+failed gets a StorageIOError(ENOSPC) through on_error, nothing durable is
+lost, other groups are not blamed, and writes resume once space returns."""
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from broker.storage import Entry, LogManager, StorageConfig, StorageIOError
+
+from .helpers import Durable, payload, read_all
+
+CFG = StorageConfig(wal_max_size_bytes=64 << 20)
+
+
+def _fill(path: Path) -> None:
+    """Write zeros until the file system is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        while os.write(fd, b"\0" * 4096) > 0:
+            pass
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.root
+def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        filler = mnt / "filler"
+        filler.write_bytes(b"\0" * (256 * 1024))
+        d = Durable()
+        with LogManager(mnt / "node", CFG, on_durable=d.on_durable, on_error=d.on_error) as m:
+            a, b = m.open_group("a"), m.open_group("b")
+            b.append([Entry(1, 1, payload("b", 1, 1, 100))])
+            m.sync()
+            i = 0
+            while not d.errors:
+                assert i < 1000, "the 1 MiB tmpfs never filled up"
+                i += 1
+                a.append([Entry(i, 1, payload("a", i, 1, 4096))])
+                m.sync()
+            [(group, exc)] = d.errors
+            assert group == "a"
+            assert isinstance(exc, StorageIOError) and exc.errno == errno.ENOSPC
+            durable = a.durable_index()
+            assert durable == i - 1
+            # the failed append was dropped: what is served is exactly what is durable
+            assert a.last_index() == durable
+            assert read_all(a) == [Entry(k, 1, payload("a", k, 1, 4096)) for k in range(1, i)]
+            # still full: the retry fails the same way, still only for a
+            a.append([Entry(i, 1, payload("a", i, 1, 4096))])
+            m.sync()
+            assert len(d.errors) == 2 and d.errors[1][0] == "a"
+            assert b.durable_index() == 1
+            # space returns: writes resume
+            filler.unlink()
+            a.append([Entry(i, 1, payload("a", i, 1, 4096))])
+            m.sync()
+            assert a.durable_index() == i
+            assert len(d.errors) == 2
+        # a restart flushes the WAL into segments, which needs room: a clear error
+        # (and nothing deleted) while the disk is full, success once it is grown
+        _fill(mnt / "filler2")
+        with pytest.raises(StorageIOError) as info:
+            LogManager(mnt / "node", CFG)
+        assert info.value.errno == errno.ENOSPC
+        subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)], check=True)
+        with LogManager(mnt / "node", CFG) as m:
+            a = m.open_group("a")
+            assert read_all(a) == [Entry(k, 1, payload("a", k, 1, 4096)) for k in range(1, i + 1)]
+            assert read_all(m.open_group("b")) == [Entry(1, 1, payload("b", 1, 1, 100))]
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
