@@ -612,9 +612,8 @@ class RaftNode:
                 self._campaign(False)
             else:
                 self._become_leader()
-        elif self._rejections() >= q or (
-            self._rejections() > len(self.config.voters) - q
-        ):
+        elif self._rejections() > len(self.config.voters) - q:
+            # Too many refusals for a quorum of grants to remain possible.
             self._become_follower(self.term, None)
 
     # --- leader
