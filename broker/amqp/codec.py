@@ -8,9 +8,10 @@ Fast path (hand-written, precompiled `struct.Struct`s, no per-message objects
 beyond the result): incoming basic.publish, content header, basic.ack /
 basic.nack / basic.reject; outgoing basic.deliver, basic.get-ok,
 basic.return, basic.ack, basic.nack, content header + body frames. Every
-other method goes through pamqp (`encode_method` / `decode_method`), after
-`method_args_end` has checked that the arguments are neither truncated nor
-followed by stray bytes (pamqp silently accepts both).
+other method is a pamqp object: encoded by pamqp (`encode_method`), decoded
+by a linear walk over the pamqp class's argument types (`decode_method`),
+which also rejects truncated arguments and stray trailing bytes (pamqp's own
+decoder accepts both and is quadratic in the number of table entries).
 
 Message properties travel as the publisher's raw bytes ("properties_raw":
 property flags + values, exactly as they appeared in the content header) and
@@ -27,7 +28,13 @@ from pamqp import commands as pamqp_commands
 from pamqp import decode as pamqp_decode
 
 from .errors import FrameDecodeError
-from .tables import EMPTY_PROPERTIES, long_long_value, set_header_raw, skip_table
+from .tables import (
+    EMPTY_PROPERTIES,
+    PROPERTY_LAYOUT,
+    decode_table,
+    long_long_value,
+    set_header_raw,
+)
 
 FRAME_METHOD: Final = 1
 FRAME_HEADER: Final = 2
@@ -258,80 +265,113 @@ def method_class(method_id: int) -> type[pamqp_base.Frame] | None:
     return cls
 
 
-_SIZES: Final = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
-_PLANS: dict[int, tuple[str, ...]] = {}
+_ARG_STRUCTS: Final = {
+    "octet": struct.Struct(">B"),
+    "short": struct.Struct(">H"),
+    "long": struct.Struct(">L"),
+    "longlong": struct.Struct(">q"),
+}
+_PLANS: dict[int, tuple[tuple[str, str], ...]] = {}
 
 
-def _plan(cls: type[pamqp_base.Frame]) -> tuple[str, ...]:
+def _plan(cls: type[pamqp_base.Frame]) -> tuple[tuple[str, str], ...]:
+    """(attribute, AMQP type) pairs of a pamqp method class, memoised."""
     plan = _PLANS.get(cls.index)
     if plan is None:
-        plan = tuple(cls.amqp_type(a) for a in cls.__slots__)
+        plan = tuple((a, cls.amqp_type(a)) for a in cls.__slots__)
         _PLANS[cls.index] = plan
     return plan
 
 
-def method_args_end(cls: type[pamqp_base.Frame], payload: bytes | memoryview, pos: int = 4) -> int:
-    """Walk the argument types of `cls` over `payload[pos:]`; return the end offset.
-
-    Raises FrameDecodeError if an argument runs past the payload.
-    """
-    n = len(payload)
-    in_bits = 0
-    for kind in _plan(cls):
-        if kind == "bit":
-            if in_bits == 0 or in_bits == 8:
-                pos += 1
-                in_bits = 0
-            in_bits += 1
-            continue
-        in_bits = 0
-        size = _SIZES.get(kind)
-        if size is not None:
-            pos += size
-        elif kind == "shortstr":
-            if pos >= n:
-                raise FrameDecodeError("shortstr truncated")
-            pos += 1 + payload[pos]
-        elif kind == "longstr":
-            if pos + 4 > n:
-                raise FrameDecodeError("longstr truncated")
-            pos += 4 + _U32.unpack_from(payload, pos)[0]
-        elif kind == "table":
-            pos = skip_table(payload, pos, n)
-        else:  # pragma: no cover - every AMQP 0-9-1 type is listed above
-            raise FrameDecodeError(f"unsupported argument type {kind}")
-        if pos > n:
-            raise FrameDecodeError(f"{kind} truncated")
-    if pos > n:
-        raise FrameDecodeError("bit field truncated")
-    return pos
+def _shortstr_at(data: bytes, pos: int, end: int) -> tuple[str, int]:
+    if pos >= end:
+        raise FrameDecodeError("shortstr truncated")
+    stop = pos + 1 + data[pos]
+    if stop > end:
+        raise FrameDecodeError("shortstr truncated")
+    try:
+        return data[pos + 1 : stop].decode("utf-8"), stop
+    except UnicodeDecodeError as exc:
+        raise FrameDecodeError("shortstr is not valid UTF-8") from exc
 
 
-def decode_method(payload: bytes | memoryview) -> pamqp_base.Frame:
-    """Decode a method frame payload (4-byte method id + arguments) with pamqp.
+def _timestamp_at(data: bytes, pos: int, end: int) -> tuple[Any, int]:
+    if pos + 8 > end:
+        raise FrameDecodeError("timestamp truncated")
+    return pamqp_decode.timestamp(data[pos : pos + 8])[1], pos + 8
+
+
+def decode_method(payload: bytes) -> pamqp_base.Frame:
+    """Decode a method frame payload (4-byte method id + arguments) into the
+    pamqp method object, in one linear pass (pamqp's own decoder is quadratic
+    in the number of table entries and accepts truncated strings).
 
     Raises FrameDecodeError for unknown methods, truncated arguments, trailing
-    bytes, or values pamqp cannot decode (e.g. a shortstr that is not UTF-8).
+    bytes, or a shortstr that is not UTF-8.
     """
-    if len(payload) < 4:
+    n = len(payload)
+    if n < 4:
         raise FrameDecodeError("method frame shorter than its method id")
     mid = _U32.unpack_from(payload, 0)[0]
     cls = method_class(mid)
     if cls is None:
         raise FrameDecodeError(f"unknown method {mid >> 16}.{mid & 0xFFFF}")
-    end = method_args_end(cls, payload)
-    if end != len(payload):
-        raise FrameDecodeError("trailing bytes after method arguments")
     method: pamqp_base.Frame = cls.__new__(cls)
-    try:
-        method.unmarshal(bytes(payload[4:]))
-    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
-        raise FrameDecodeError(f"cannot decode {cls.name}: {exc}") from exc
+    pos = 4
+    bits = 0
+    bit_index = 8  # Invariant: 8 means the next bit starts a new octet
+    for name, kind in _plan(cls):
+        value: Any
+        if kind == "bit":
+            if bit_index == 8:
+                if pos >= n:
+                    raise FrameDecodeError("bit field truncated")
+                bits = payload[pos]
+                pos += 1
+                bit_index = 0
+            value = bool(bits >> bit_index & 1)
+            bit_index += 1
+        else:
+            bit_index = 8
+            fixed = _ARG_STRUCTS.get(kind)
+            if fixed is not None:
+                if pos + fixed.size > n:
+                    raise FrameDecodeError(f"{kind} truncated")
+                value = fixed.unpack_from(payload, pos)[0]
+                pos += fixed.size
+            elif kind == "shortstr":
+                value, pos = _shortstr_at(payload, pos, n)
+            elif kind == "longstr":
+                value, pos = _longstr_at(payload, pos, n)
+            elif kind == "table":
+                value, pos = decode_table(payload, pos, n)
+            elif kind == "timestamp":
+                value, pos = _timestamp_at(payload, pos, n)
+            else:  # pragma: no cover - every AMQP 0-9-1 argument type is listed above
+                raise FrameDecodeError(f"unsupported argument type {kind}")
+        setattr(method, name, value)
+    if pos != n:
+        raise FrameDecodeError("trailing bytes after method arguments")
     return method
+
+
+def _longstr_at(data: bytes, pos: int, end: int) -> tuple[str | bytes, int]:
+    if pos + 4 > end:
+        raise FrameDecodeError("longstr truncated")
+    stop = pos + 4 + int(_U32.unpack_from(data, pos)[0])
+    if stop > end:
+        raise FrameDecodeError("longstr truncated")
+    raw = data[pos + 4 : stop]
+    try:
+        return raw.decode("utf-8"), stop  # pamqp's convention: str if UTF-8, else bytes
+    except UnicodeDecodeError:
+        return raw, stop
 
 
 # ---------------------------------------------------------------------------
 # Properties
+
+_PAMQP_NAME: Final = {"type": "message_type"}
 
 
 def decode_properties(properties_raw: bytes) -> pamqp_commands.Basic.Properties:
@@ -340,24 +380,35 @@ def decode_properties(properties_raw: bytes) -> pamqp_commands.Basic.Properties:
     for name in pamqp_commands.Basic.Properties.__slots__:
         setattr(props, name, None)
     props.cluster_id = ""
-    if len(properties_raw) < 2:
+    n = len(properties_raw)
+    if n < 2:
         raise FrameDecodeError("content header property flags truncated")
-    flags = 0
-    pos = 0
-    shift = 0
-    while True:
-        if pos + 2 > len(properties_raw):
+    flags = _U16.unpack_from(properties_raw, 0)[0]
+    pos = 2
+    word = flags
+    while word & 1:  # continuation flag words (none are defined for Basic)
+        if pos + 2 > n:
             raise FrameDecodeError("content header property flags truncated")
         word = _U16.unpack_from(properties_raw, pos)[0]
         pos += 2
-        flags |= word << shift
-        shift += 16
-        if not word & 1:
-            break
-    try:
-        props.unmarshal(flags, properties_raw[pos:])
-    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
-        raise FrameDecodeError(f"cannot decode content properties: {exc}") from exc
+    for name, bit, kind in PROPERTY_LAYOUT:
+        if not flags & bit:
+            continue
+        value: Any
+        if kind == "s":
+            value, pos = _shortstr_at(properties_raw, pos, n)
+        elif kind == "t":
+            value, pos = decode_table(properties_raw, pos, n)
+        elif kind == "o":
+            if pos >= n:
+                raise FrameDecodeError("content property truncated")
+            value = properties_raw[pos]
+            pos += 1
+        else:
+            value, pos = _timestamp_at(properties_raw, pos, n)
+        setattr(props, _PAMQP_NAME.get(name, name), value)
+    if pos != n:
+        raise FrameDecodeError("trailing bytes after content properties")
     return props
 
 
@@ -398,11 +449,9 @@ class PropertiesCache:
         return len(self._entries)
 
 
-def decode_table(raw: bytes) -> dict[str, Any]:
-    """Decode a length-prefixed field table with pamqp (e.g. client properties)."""
-    skip_table(raw, 0, len(raw))
-    try:
-        _n, value = pamqp_decode.field_table(raw)
-    except (ValueError, TypeError, KeyError, IndexError, struct.error) as exc:
-        raise FrameDecodeError(f"cannot decode field table: {exc}") from exc
-    return dict(value)
+def decode_field_table(raw: bytes) -> dict[str, Any]:
+    """Decode a whole length-prefixed field table (e.g. an AMQPLAIN response)."""
+    value, end = decode_table(raw, 0, len(raw))
+    if end != len(raw):
+        raise FrameDecodeError("trailing bytes after field table")
+    return value

@@ -1133,7 +1133,7 @@ def _parse_credentials(mechanism: str, response: bytes) -> tuple[str | None, str
                 return None, None
             return parts[1].decode("utf-8"), parts[2].decode("utf-8")
         if mechanism == "AMQPLAIN":
-            table = codec.decode_table(_U32.pack(len(response)) + response)
+            table = codec.decode_field_table(_U32.pack(len(response)) + response)
             login, password = table.get("LOGIN"), table.get("PASSWORD")
             if isinstance(login, bytes | bytearray):
                 login = bytes(login).decode("utf-8")
