@@ -31,6 +31,7 @@ import os
 import queue
 import struct
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -144,6 +145,19 @@ class _Run:
             self.entries.append(e)
         else:  # overwrite below this run: it truncates the older log at e.index
             self.first, self.entries = e.index, [e]
+
+
+def _as_entry(e: object) -> Entry:
+    """Convert a duck-typed entry (e.g. the Raft layer's) into a storage Entry."""
+    try:
+        return Entry(
+            int(e.index),  # type: ignore[attr-defined]
+            int(e.term),  # type: ignore[attr-defined]
+            bytes(e.data),  # type: ignore[attr-defined]
+            int(getattr(e, "kind", 0)),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise InvalidEntriesError(f"not a valid entry: {e!r}") from exc
 
 
 def _sync(fd: int, method: str) -> None:
@@ -439,32 +453,46 @@ class GroupLog:
         mgr = self._mgr
         ref = self._ref
         enc = codec.encode_entry_header
+        # hot path: validation and encoding inlined (this runs per entry)
+        pack_rest = codec.REC_REST.pack
+        pack_crc = codec.REC_CRC.pack
+        crc32 = zlib.crc32
+        rec_entry = codec.REC_ENTRY
         parts: list[bytes] = []
+        add = parts.append
         nbytes = 0
-        checked: list[Entry] = []
-        prev_index = entries[0].index - 1
-        prev_term = -1
-        for e in entries:
-            if type(e) is not Entry or type(e.data) is not bytes:
-                try:
-                    e = Entry(int(e.index), int(e.term), bytes(e.data), int(getattr(e, "kind", 0)))
-                except (TypeError, ValueError, AttributeError) as exc:
-                    raise InvalidEntriesError(f"not a valid entry: {e!r}") from exc
-            if e.index != prev_index + 1 or e.index < 1:
-                raise InvalidEntriesError(
-                    f"entries must have consecutive indexes >= 1; got {e.index} after {prev_index}"
-                )
-            if e.term < prev_term or e.term < 0 or not 0 <= e.kind <= 255:
-                raise InvalidEntriesError(
-                    f"entry {e.index}: bad term {e.term} (previous {prev_term}) or kind {e.kind}"
-                )
-            if len(e.data) > 0xFFFF_FFFE:
-                raise InvalidEntriesError(f"entry {e.index}: data too large")
-            prev_index, prev_term = e.index, e.term
-            parts.append(enc(ref, e.index, e.term, e.kind, e.data))
-            parts.append(e.data)
-            nbytes += codec.REC_HEADER_SIZE + len(e.data)
-            checked.append(e)
+        checked: list[Entry] = entries if type(entries) is list else list(entries)
+        converted = False
+        prev_index = checked[0].index - 1
+        prev_term = 0
+        try:
+            for n, e in enumerate(checked):
+                if type(e) is not Entry or type(e.data) is not bytes:
+                    e = _as_entry(e)
+                    if not converted:
+                        checked = list(checked)
+                        converted = True
+                    checked[n] = e
+                data = e.data
+                index = e.index
+                term = e.term
+                if index != prev_index + 1 or term < prev_term:
+                    raise InvalidEntriesError(
+                        f"entries must have consecutive indexes and non-decreasing terms; got "
+                        f"{index}/{term} after {prev_index}/{prev_term}"
+                    )
+                prev_index = index
+                prev_term = term
+                rest = pack_rest(len(data), rec_entry, e.kind, 0, ref, index, term)
+                add(pack_crc(crc32(data, crc32(rest))) + rest)
+                add(data)
+                nbytes += 32 + len(data)
+        except struct.error as exc:
+            raise InvalidEntriesError(
+                f"entry {prev_index + 1}: index/term must be u64 and kind 0..255 ({exc})"
+            ) from exc
+        if checked[0].index < 1:
+            raise InvalidEntriesError(f"indexes start at 1, got {checked[0].index}")
         f = checked[0].index
         with mgr._lock:
             self._check()
