@@ -222,7 +222,10 @@ def test_pika_mandatory_return_and_channel_error(broker: MiniBroker) -> None:
     returned: list[bytes] = []
     ch.add_on_return_callback(lambda _c, _m, _p, b: returned.append(b))
     ch.basic_publish("", "missing-q", b"lost", mandatory=True)
-    conn.process_data_events(time_limit=0.5)
+    for _ in range(50):  # wait for the condition (at most ~5 s), not for a fixed time
+        if returned:
+            break
+        conn.process_data_events(time_limit=0.1)
     assert returned == [b"lost"]
     ch.basic_publish("nope", "rk", b"x")
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
