@@ -570,8 +570,8 @@ class ServerConnection:
             if chan.state is _CH_CLOSING:
                 self._method_on_closing_channel(channel, mid, payload)
                 return
-            if chan.content is not _IDLE:
-                raise self._unexpected_content(chan, "method")
+            if chan.content != _IDLE:
+                raise self._unexpected_content(chan)
             if mid == PUBLISH_ID:
                 try:
                     exchange, routing_key, mandatory, immediate = codec.decode_publish(payload)
@@ -603,7 +603,7 @@ class ServerConnection:
             chan = self._channels.get(channel) if channel else None
             if chan is not None and chan.state is _CH_CLOSING:
                 return  # discarded: the channel is closing
-            if chan is None or chan.content is _IDLE:
+            if chan is None or chan.content == _IDLE:
                 raise AMQPConnectionError(
                     ReplyCode.UNEXPECTED_FRAME, "expected method frame, got non method frame instead"
                 )
@@ -722,16 +722,16 @@ class ServerConnection:
         else:
             self._events.append(MethodReceived(channel, method))
 
-    def _unexpected_content(self, chan: _Channel, got: str) -> AMQPConnectionError:
-        if chan.content is _HEADER:
+    def _unexpected_content(self, chan: _Channel) -> AMQPConnectionError:
+        if chan.content == _HEADER:
             detail = "expected content header for class 60, got non content header frame instead"
         else:
             detail = "expected content body, got non content body frame instead"
         return AMQPConnectionError(ReplyCode.UNEXPECTED_FRAME, detail, 60, 40)
 
     def _content_header(self, channel: int, chan: _Channel, payload: bytes) -> None:
-        if chan.content is not _HEADER:
-            raise self._unexpected_content(chan, "header")
+        if chan.content != _HEADER:
+            raise self._unexpected_content(chan)
         try:
             class_id, weight, body_size, props = codec.decode_content_header(payload)
             if class_id == 60 and weight == 0 and props not in self._valid_props:
@@ -751,7 +751,7 @@ class ServerConnection:
                 40,
             )
         if weight != 0:
-            raise self._unexpected_content(chan, "header")
+            raise self._unexpected_content(chan)
         if body_size > self.config.max_message_size:
             chan.reset_content()
             self.channel_error(
@@ -774,8 +774,8 @@ class ServerConnection:
         chan.content = _BODY
 
     def _content_body(self, channel: int, chan: _Channel, payload: bytes) -> None:
-        if chan.content is not _BODY:
-            raise self._unexpected_content(chan, "body")
+        if chan.content != _BODY:
+            raise self._unexpected_content(chan)
         n = len(payload)
         if n > chan.remaining:
             raise AMQPConnectionError(
