@@ -34,7 +34,7 @@ from .transport import PeerTransport
 
 log = logging.getLogger("broker.cluster")
 
-REQUEST_RETRY_S = 1.0
+REQUEST_RETRY_S = 0.3
 
 
 def parse_seed(seed: str) -> tuple[str, str, int]:
@@ -113,8 +113,11 @@ class Cluster:
         self.incarnations: dict[str, str] = {}
         self._req_seq = 0
         self._requests: dict[int, _Request] = {}
+        self._pending: dict[tuple[str, str], dict[int, _Request]] = {}
         self._retry_task: asyncio.Task[None] | None = None
         self.on_peer_hello: Callable[[str, str], None] | None = None
+        self.transport.on_peer_down = self._peer_down
+        self.on_peer_down: Callable[[str], None] | None = None
 
     async def start(self) -> int:
         port = await self.transport.start()
@@ -132,6 +135,11 @@ class Cluster:
                 r.future.set_exception(ConnectionError("node shutting down"))
         await self.transport.close()
 
+    def _peer_down(self, peer: str) -> None:
+        log.info("%s: lost connection to %s", self.name, peer)
+        if self.on_peer_down is not None:
+            self.on_peer_down(peer)
+
     def connected(self, peer: str) -> bool:
         return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
 
@@ -142,12 +150,25 @@ class Cluster:
 
     def request(self, target: str, vhost: str, queue: str, payload: Any) -> asyncio.Future[Any]:
         """Send a queue command to `target` (the queue's leader); the future gets
-        the decoded reply. Unanswered requests are re-sent to the queue's
-        current leader every REQUEST_RETRY_S (enqueues are de-duplicated by the
-        machine through the publisher's sequence number)."""
+        the decoded reply.
+
+        Invariant: a queue's pending requests reach a leader in the order they
+        were made. The machine drops an enqueue whose publisher sequence number
+        is not above the last one it accepted, so a later publish overtaking an
+        earlier one would silently turn the earlier one into a "duplicate".
+        Hence: switching target re-sends every pending request of the queue,
+        in order, before anything new; unanswered ones are re-sent (all of the
+        queue's, in order) every REQUEST_RETRY_S to the current leader."""
         self._req_seq += 1
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         req = _Request(self._req_seq, vhost, queue, payload, fut, target)
+        key = (vhost, queue)
+        pending = self._pending.setdefault(key, {})
+        if any(r.target != target for r in pending.values()):
+            for r in pending.values():
+                r.target = target
+                self._send_request(r)
+        pending[req.req_id] = req
         self._requests[req.req_id] = req
         self._send_request(req)
         return fut
@@ -157,24 +178,45 @@ class Cluster:
         if req.target in self.peers:
             self.transport.send(req.target, ["q", req.req_id, req.vhost, req.queue, req.payload])
 
+    def _finish(self, req: _Request) -> None:
+        self._requests.pop(req.req_id, None)
+        pending = self._pending.get((req.vhost, req.queue))
+        if pending is not None:
+            pending.pop(req.req_id, None)
+            if not pending:
+                del self._pending[(req.vhost, req.queue)]
+
+    def take_pending(self, vhost: str, queue: str) -> list[_Request]:
+        """Hand a queue's pending requests (in order) to a local leader."""
+        pending = self._pending.pop((vhost, queue), {})
+        for r in pending.values():
+            self._requests.pop(r.req_id, None)
+        return [r for r in pending.values() if not r.future.done()]
+
+    def has_pending(self, vhost: str, queue: str) -> bool:
+        return (vhost, queue) in self._pending
+
     async def _retry_loop(self) -> None:
         while True:
-            await asyncio.sleep(REQUEST_RETRY_S / 2)
+            await asyncio.sleep(0.1)
             now = time.monotonic()
-            for req in list(self._requests.values()):
-                if req.future.done():
-                    self._requests.pop(req.req_id, None)
+            for key, pending in list(self._pending.items()):
+                for r in [r for r in pending.values() if r.future.done()]:
+                    self._finish(r)
+                if not pending:
                     continue
-                if now - req.sent_at >= REQUEST_RETRY_S:
-                    leader = self.node.queue_leader(req.vhost, req.queue)
-                    if leader == self.name:
-                        # The leader is here now: hand it to the local member.
-                        self._requests.pop(req.req_id, None)
-                        self.node.submit_local(req.vhost, req.queue, req.payload, req.future)
-                        continue
+                oldest = min(r.sent_at for r in pending.values())
+                if now - oldest < REQUEST_RETRY_S:
+                    continue
+                leader = self.node.queue_leader(*key)
+                if leader == self.name:
+                    # The leader is here now: hand them to the local member.
+                    self.node.flush_forwarded(*key)
+                    continue
+                for r in pending.values():
                     if leader is not None:
-                        req.target = leader
-                    self._send_request(req)
+                        r.target = leader
+                    self._send_request(r)
 
     def send_deliveries(self, node: str, vhost: str, queue: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None:
@@ -232,18 +274,11 @@ class Cluster:
         if req is None or req.future.done():
             return
         if status == "ok":
-            self._requests.pop(req_id, None)
+            self._finish(req)
             req.future.set_result(decode_reply(value))
         elif status == "not_leader":
-            if isinstance(value, str) and value != req.target:
-                req.target = value
-                if value == self.name:
-                    self._requests.pop(req_id, None)
-                    self.node.submit_local(req.vhost, req.queue, req.payload, req.future)
-                    return
-                self._send_request(req)
-            # else: wait for the retry loop (an election is probably under way)
+            pass  # the retry loop re-sends the queue's requests, in order, to the new leader
         else:
             # the leader could not apply it (group stopped, queue gone): fail
-            self._requests.pop(req_id, None)
+            self._finish(req)
             req.future.set_exception(RuntimeError(str(value)))

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -90,6 +91,7 @@ class Node:
             self.cluster = Cluster(self, seeds, self.config["cluster.bind"],
                                    self.config["cluster.port"], self._cluster_secret())
             members = self.cluster.members
+            self.cluster.on_peer_down = self._peer_down
             await self.cluster.start()
         self.meta = MetadataStore(
             self.node_name, self.storage.open_group(META_GROUP), members, self.send_raft,
@@ -199,6 +201,24 @@ class Node:
                 if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                     q.reap_dead_channels()
 
+    def _peer_down(self, peer: str) -> None:
+        """The connection to `peer` broke (a killed node's sockets close at
+        once): groups it led start a (pre-)election after a short random delay
+        instead of waiting for a full election timeout. Pre-vote keeps this
+        harmless when the leader is in fact alive."""
+        assert self._loop is not None
+        for g in list(self._groups_by_id.values()):
+            if g.leader == peer and not g.is_leader and g.node.promotable:
+                # The leader's lease is over for us: grant (pre-)votes at once.
+                # (Every follower sees the same broken connection.)
+                g.node.election_elapsed = max(g.node.election_elapsed, g.node.cfg.election_tick)
+                self._loop.call_later(random.uniform(0.05, 0.3), self._campaign_if_leader_is, g, peer)
+
+    def _campaign_if_leader_is(self, g: Any, peer: str) -> None:
+        if g.stopped is None and g.leader == peer and not g.is_leader and \
+                self.cluster is not None and not self.cluster.transport.is_connected(peer):
+            g.campaign()
+
     def channel_dead(self, channel: str) -> bool:
         """Is the AMQP channel `node|incarnation/conn/ch` gone for good?"""
         prefix = channel.split("/", 1)[0]
@@ -278,6 +298,14 @@ class Node:
             else:
                 future.set_result(f.result())
         inner.add_done_callback(done)
+
+    def flush_forwarded(self, vhost: str, name: str) -> None:
+        """This node now leads the queue: propose the commands still pending
+        with the old leader, in their order, before anything newer."""
+        if self.cluster is None or not self.cluster.has_pending(vhost, name):
+            return
+        for r in self.cluster.take_pending(vhost, name):
+            self.submit_local(vhost, name, r.payload, r.future)
 
     def send_deliveries(self, node: str, vhost: str, name: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None:
@@ -402,8 +430,10 @@ class Node:
         if qtype is None and existing is None and not passive:
             vh = state.vhosts.get(md.VhostName(vhost))
             qtype = (getattr(vh, "default_queue_type", None) or self.config["default_queue_type"])
-            if exclusive_owner is not None or server_named:
-                qtype = "classic"  # temporaries are classic even when quorum is the default
+            if exclusive_owner is not None or server_named or not durable or auto_delete:
+                # temporaries (exclusive, server-named, transient, auto-delete) stay
+                # classic when quorum is the default, as in RabbitMQ 3.12+/4.x
+                qtype = "classic"
             arguments = {**arguments, "x-queue-type": qtype} if qtype == "quorum" else arguments
         if qtype == "quorum" and not passive and existing is None:
             try:

@@ -62,6 +62,8 @@ class Host(Protocol):
 
     def leader_elected(self, vhost: str, name: str) -> None: ...
 
+    def flush_forwarded(self, vhost: str, name: str) -> None: ...
+
     def channel_dead(self, channel: str) -> bool: ...
 
 
@@ -351,6 +353,7 @@ class QuorumQueue(QueueProcess):
 
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         if self.group.role is Role.LEADER:
+            self.host.flush_forwarded(self.vhost, self.name)  # keep publish order
             return self.group.propose(payload)
         return self.host.forward(self.leader_node or "", self.vhost, self.name, payload)
 

@@ -147,6 +147,8 @@ class PeerTransport:
         self._inbound: set[asyncio.Task[None]] = set()
         self._inbound_writers: set[asyncio.StreamWriter] = set()
         self.stats = TransportStats()
+        #: called with a peer's name when our connection to it breaks
+        self.on_peer_down: Callable[[str], None] | None = None
         #: peers currently authenticated on an inbound connection (for status pages)
         self.inbound_peers: dict[str, int] = {}
 
@@ -236,8 +238,11 @@ class PeerTransport:
             except (TimeoutError, OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
                 log.info("%s: connection to %s lost: %s", self.node, out.peer, exc)
             finally:
+                was_connected = out.connected
                 out.connected = False
                 writer.close()
+                if was_connected and self.on_peer_down is not None:
+                    self.on_peer_down(out.peer)
             await asyncio.sleep(delay * (0.5 + self._rng.random()))
             delay = min(delay * 2, self._backoff[1])
 
