@@ -353,7 +353,7 @@ class GroupLog:
             reader = self._reader(piece[2])
             return reader.slots[index - reader.first].term
         first = self._log_first()
-        if first is None or index < first:
+        if first is None or index < first or (snap is not None and index < snap.index):
             raise CompactedError(f"group {self.group_id!r}: index {index} is compacted")
         raise UnavailableError(f"group {self.group_id!r}: index {index} is beyond the log")
 
