@@ -372,13 +372,27 @@ def _longstr_at(data: bytes, pos: int, end: int) -> tuple[str | bytes, int]:
 # Properties
 
 _PAMQP_NAME: Final = {"type": "message_type"}
+# flags -> ((pamqp attribute, kind), ...) for the properties present, memoised
+# (publishers use few distinct flag combinations; at most 2^14 entries).
+_PROP_PLANS: dict[int, tuple[tuple[str, str], ...]] = {}
+_Properties = pamqp_commands.Basic.Properties
+
+
+def _prop_plan(flags: int) -> tuple[tuple[str, str], ...]:
+    plan = _PROP_PLANS.get(flags)
+    if plan is None:
+        plan = tuple((_PAMQP_NAME.get(name, name), kind) for name, bit, kind in PROPERTY_LAYOUT if flags & bit)
+        _PROP_PLANS[flags] = plan
+    return plan
 
 
 def decode_properties(properties_raw: bytes) -> pamqp_commands.Basic.Properties:
     """Decode raw properties (flags + values) into pamqp's Basic.Properties."""
-    props = pamqp_commands.Basic.Properties.__new__(pamqp_commands.Basic.Properties)
-    for name in pamqp_commands.Basic.Properties.__slots__:
-        setattr(props, name, None)
+    props = _Properties.__new__(_Properties)
+    props.content_type = props.content_encoding = props.headers = None
+    props.delivery_mode = props.priority = props.correlation_id = props.reply_to = None
+    props.expiration = props.message_id = props.timestamp = props.message_type = None
+    props.user_id = props.app_id = None
     props.cluster_id = ""
     n = len(properties_raw)
     if n < 2:
@@ -391,9 +405,7 @@ def decode_properties(properties_raw: bytes) -> pamqp_commands.Basic.Properties:
             raise FrameDecodeError("content header property flags truncated")
         word = _U16.unpack_from(properties_raw, pos)[0]
         pos += 2
-    for name, bit, kind in PROPERTY_LAYOUT:
-        if not flags & bit:
-            continue
+    for attr, kind in _prop_plan(flags & 0xFFFE):
         value: Any
         if kind == "s":
             value, pos = _shortstr_at(properties_raw, pos, n)
@@ -406,7 +418,7 @@ def decode_properties(properties_raw: bytes) -> pamqp_commands.Basic.Properties:
             pos += 1
         else:
             value, pos = _timestamp_at(properties_raw, pos, n)
-        setattr(props, _PAMQP_NAME.get(name, name), value)
+        setattr(props, attr, value)
     if pos != n:
         raise FrameDecodeError("trailing bytes after content properties")
     return props
