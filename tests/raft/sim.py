@@ -72,7 +72,14 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
         cfg = replace(cfg, check_quorum=False)
     if seed % 3 == 1:
         cfg = replace(cfg, heartbeat_tick=1, max_inflight_msgs=64, max_entries_per_msg=64)
-    c = Cluster(ids, seed=seed, cfg=cfg, persist_delay=(0, 3), compact_every=12, spares=spares)
+    # Every fourth seed is harsh: slow disks and frequent crashes, so that
+    # "acked/counted before durable" bugs turn into lost committed entries.
+    harsh = seed % 4 == 2
+    crash_p = 0.04 if harsh else 0.01
+    c = Cluster(
+        ids, seed=seed, cfg=cfg, persist_delay=(0, 8) if harsh else (0, 3),
+        compact_every=12, spares=spares,
+    )
     res = SimResult(seed, n)
     log = res.log
     c.drop_rate = rng.choice([0.0, 0.02, 0.1])
@@ -105,7 +112,7 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
                 heal_at = step + rng.randint(10, 60)
                 res.partitions += 1
                 log.append(f"step {step}: isolate {victim}")
-            elif r < 0.03:
+            elif r < 0.02 + crash_p:
                 alive = [h for h in members() if c.hosts[h].alive]
                 if len(alive) > 1:
                     victim = rng.choice(alive)
