@@ -180,6 +180,7 @@ class Publish:
     `properties_raw` is the publisher's property flags + values, byte for byte;
     pass it unchanged to `send_deliver`. `properties` decodes it on demand
     (each access decodes again: keep the result if you need it twice).
+    `immediate` is always False: immediate=true is refused with 540, as RabbitMQ does.
     """
 
     channel: int
