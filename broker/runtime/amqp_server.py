@@ -44,6 +44,7 @@ log = logging.getLogger("broker.amqp")
 
 HIGH_WATER = 4000
 LOW_WATER = 1000
+NOACK_CREDIT = 256
 _U16 = struct.Struct(">H")
 # content-header property flags (AMQP 0-9-1 basic class)
 _F_HEADERS = 0x2000
@@ -395,7 +396,10 @@ class Channel:
         self.touched[id(q)] = q
         if not m.nowait:
             self.send(C.Basic.ConsumeOk(consumer_tag=tag))
-        prefetch = 0 if m.no_ack else self.prefetch
+        # no-ack consumers get a finite credit, renewed as their deliveries are
+        # written out (see AmqpConnection.pause_writing): a client that stops
+        # reading holds at most NOACK_CREDIT messages in the broker.
+        prefetch = NOACK_CREDIT if m.no_ack else self.prefetch
         self._run_async(self._checkout(q, consumer, prefetch, priority))
 
     async def _checkout(self, q: QueueProcess, c: Consumer, prefetch: int, priority: int) -> None:
@@ -438,7 +442,8 @@ class Channel:
             self.next_tag += 1
             if not m.no_ack:
                 self.unacked[tag] = (q, ConsumerId(self.ref, DEQUEUE_TAG), reply.msg_id)
-            props = msg[0] if not reply.delivery_count else \
+            # x-delivery-count is a quorum-queue header (classic queues do not add it)
+            props = msg[0] if not reply.delivery_count or q.kind != "quorum" else \
                 self.conn.props_cache.with_delivery_count(msg[0], reply.delivery_count)
             self.conn.write(self.conn.amqp.send_get_ok(
                 self.number, tag, reply.redelivered, msg[2], msg[3], reply.messages_ready, props, msg[1]))
@@ -623,7 +628,9 @@ class Channel:
         else:
             c.outstanding.add(msg_id)
             self.unacked[tag] = (c.queue, c.cid, msg_id)
-        props = msg[0] if not count else conn.props_cache.with_delivery_count(msg[0], count)
+        # x-delivery-count is a quorum-queue header (classic queues do not add it)
+        props = msg[0] if not count or c.queue.kind != "quorum" else \
+            conn.props_cache.with_delivery_count(msg[0], count)
         conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, msg[1]))
         conn.schedule_flush()
 
@@ -771,6 +778,7 @@ class AmqpConnection(asyncio.Protocol):
         self.props_cache = acodec.PropertiesCache()
         self._ticker: asyncio.TimerHandle | None = None
         self.closed = False
+        self.write_paused = False  # the transport's buffer is above its high-water mark
 
     # ------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -794,12 +802,18 @@ class AmqpConnection(asyncio.Protocol):
         self._teardown()
 
     def pause_writing(self) -> None:
-        # A slow reader: stop reading its input too so its deliveries do not pile up.
+        # A slow reader: stop reading its input too so its deliveries do not pile up,
+        # and hold the settles of its no-ack deliveries: their queues then stop
+        # after NOACK_CREDIT messages instead of filling the write buffer.
+        self.write_paused = True
         self.pause()
 
     def resume_writing(self) -> None:
+        self.write_paused = False
         if self.inflight < LOW_WATER:
             self.resume()
+        if not self.closed:
+            self.flush()
 
     # ------------------------------------------------------------ events
     def _drain(self) -> None:
@@ -896,7 +910,7 @@ class AmqpConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         self.flush_scheduled = False
-        if self.settles_dirty:
+        if self.settles_dirty and not self.write_paused:
             dirty, self.settles_dirty = self.settles_dirty, set()
             for ch in dirty:
                 ch.flush_settles()

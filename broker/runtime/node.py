@@ -34,6 +34,8 @@ from broker.raft import RaftConfig
 from .amqp_server import AmqpConnection
 from .cluster import Cluster, NotLeaderHere
 from .definitions import DefinitionsError, load_definitions_file
+from .membership import Membership
+from .membership import control as membership_control
 from .metastore import META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
 
@@ -70,6 +72,7 @@ class Node:
         self._auto_delete_pending: set[tuple[str, str]] = set()
         self.port = 0
         self.cluster: Cluster | None = None
+        self.membership = Membership(self)
         self._down_since: dict[str, float] = {}
         self._housekeeping_task: asyncio.Task[None] | None = None
 
@@ -278,6 +281,16 @@ class Node:
         q = self.queues.get((vhost, name))
         if q is None or isinstance(q, RemoteQueue) or not q.is_leader:
             raise NotLeaderHere()
+        if payload and payload[0] == "M":  # membership control, see membership.control
+            result = membership_control(q, payload)
+            if isinstance(result, asyncio.Future):
+                out = asyncio.get_running_loop().create_future()
+                result.add_done_callback(lambda f: out.done() or (
+                    out.set_exception(f.exception()) if f.exception() else out.set_result("ok")))
+                return out
+            done_fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            done_fut.set_result(result)
+            return done_fut
         return q._submit(payload)
 
     def submit_local(self, vhost: str, name: str, payload: Any, future: asyncio.Future[Any]) -> None:
@@ -339,6 +352,8 @@ class Node:
             elif t is md.PolicyChanged:
                 for vhost, name in eff.queues:
                     self._push_policy(vhost, name)
+            elif t is md.MembersChanged:
+                self._members_changed(eff)
 
     def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
         return self.meta.state.queues.get((md.VhostName(vhost), md.QueueName(name)))
@@ -361,7 +376,7 @@ class Node:
     def _group_id(self, record: md.QueueRecord) -> str:
         return f"{record.vhost}/{record.name}/{record.created_at}"
 
-    def _start_queue(self, record: md.QueueRecord) -> None:
+    def _start_queue(self, record: md.QueueRecord, joining: bool = False) -> None:
         key = (record.vhost, record.name)
         if key in self.queues:
             return
@@ -380,8 +395,11 @@ class Node:
             assert self.storage is not None
             gid = self._group_id(record)
             glog = self.storage.open_group(gid)
-            q = QuorumQueue(self, record.vhost, record.name, config, glog, list(record.members),
-                            self.raft_config)
+            # A member joining later starts as a learner with no voters: it
+            # cannot campaign, and learns the real configuration from the leader.
+            q = QuorumQueue(self, record.vhost, record.name, config, glog,
+                            [] if joining else list(record.members), self.raft_config,
+                            learner=joining)
             self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
             if len(record.members) == 1 or (record.leader == self.node_name
                                             and q.group.glog.last_index() == 0):  # type: ignore[union-attr]
@@ -389,6 +407,34 @@ class Node:
         else:
             q = ClassicQueue(self, record.vhost, record.name, config)
         self.queues[key] = q
+
+    def _members_changed(self, eff: Any) -> None:
+        """A member joined or left: start a joining member here (as a learner
+        that waits for the leader's log), or stop the one leaving."""
+        record = self.queue_record(eff.vhost, eff.name)
+        if record is None:
+            return
+        me = self.node_name
+        key = (record.vhost, record.name)
+        q = self.queues.get(key)
+        if me in eff.new and me not in eff.old:
+            consumers = q.consumers if q is not None else {}
+            if q is not None:
+                q.close()
+                del self.queues[key]
+            self._start_queue(record, joining=True)
+            new_q = self.queues.get(key)
+            if new_q is not None:
+                new_q.consumers.update(consumers)
+        elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
+            consumers = q.consumers
+            q.close()
+            self._groups_by_id.pop(q.glog.group_id, None)
+            q.glog.close()
+            del self.queues[key]
+            proxy = RemoteQueue(self, record.vhost, record.name, classic_config(record.name, record.vhost, {}))
+            proxy.consumers.update(consumers)
+            self.queues[key] = proxy
 
     def _stop_queue(self, record: md.QueueRecord) -> None:
         q = self.queues.pop((record.vhost, record.name), None)

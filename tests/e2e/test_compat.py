@@ -217,6 +217,8 @@ def s_queue_errors(port: int) -> dict[str, Any]:
     r["passive_missing"] = attempt(conn, lambda ch: ch.queue_declare("cq-missing", passive=True))
     r["durable_mismatch"] = attempt(conn, lambda ch: ch.queue_declare("cq-qq", durable=False, arguments=QQ))
     r["type_mismatch"] = attempt(conn, lambda ch: ch.queue_declare("cq-qq", durable=True))
+    r["type_mismatch_explicit"] = attempt(conn, lambda ch: ch.queue_declare(
+        "cq-qq", durable=True, arguments={"x-queue-type": "classic"}))
     r["type_mismatch_classic"] = attempt(conn, lambda ch: ch.queue_declare("cq-classic", durable=True,
                                                                            arguments=QQ))
     r["arg_mismatch"] = attempt(conn, lambda ch: ch.queue_declare(
