@@ -417,8 +417,7 @@ class Channel:
         await self.node.queue_command(c.queue, qm.Cancel(c.cid))
         if not m.nowait:
             self.send(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
-        if c.no_ack:
-            return
+        # an auto-delete queue goes with its last consumer, no-ack ones included
         await self.node.maybe_auto_delete(c.queue)
 
     def server_cancel(self, c: Consumer) -> None:

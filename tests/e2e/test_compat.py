@@ -634,6 +634,73 @@ def s_consumer_priority(port: int) -> dict[str, Any]:
     return r
 
 
+def s_delivery_limit(port: int) -> dict[str, Any]:
+    """An explicit x-delivery-limit (3.10 and 4.x alike): after `limit`
+    redeliveries the next return dead-letters with reason delivery_limit."""
+    conn = connect(port)
+    ch = conn.channel()
+    fresh(ch, "lim-dlq", QQ)
+    fresh(ch, "lim-q", {**QQ, "x-delivery-limit": 2, "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": "lim-dlq"})
+    ch.confirm_delivery()
+    ch.basic_publish("", "lim-q", b"poison", BasicProperties(headers={"keep": "me"}))
+    seen = []
+    for _ in range(5):
+        method, props, _body = ch.basic_get("lim-q")
+        if method is None:
+            break
+        seen.append((method.redelivered, (props.headers or {}).get("x-delivery-count")))
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    wait_count(ch, "lim-dlq", 1)
+    method, props, body = ch.basic_get("lim-dlq", auto_ack=True)
+    headers = dict(props.headers or {})
+    r = {"seen": seen, "dead": body.decode() if method else None, "keep": headers.get("keep"),
+         "deaths": [(d["reason"], d["queue"], d["count"], d["exchange"], d["routing-keys"])
+                    for d in death_summary(headers)],
+         "dead_delivery_count": headers.get("x-delivery-count")}
+    conn.close()
+    return r
+
+
+def s_bindings_and_auto_delete(port: int) -> dict[str, Any]:
+    conn = connect(port)
+    ch = conn.channel()
+    r: dict[str, Any] = {}
+    ch.exchange_delete("ad-x")
+    ch.exchange_declare("ad-x", "direct", auto_delete=True)
+    fresh(ch, "ad-q", QQ)
+    ch.queue_bind("ad-q", "ad-x", "a")
+    ch.queue_bind("ad-q", "ad-x", "b")
+    ch.confirm_delivery()
+    ch.basic_publish("ad-x", "a", b"1")
+    ch.queue_unbind("ad-q", "ad-x", "a")
+    try:
+        ch.basic_publish("ad-x", "a", b"2", mandatory=True)
+        r["after_unbind"] = "routed"
+    except UnroutableError:
+        r["after_unbind"] = "returned"
+    r["unbind_missing"] = attempt(conn, lambda c: c.queue_unbind("ad-q", "ad-x", "never").method.NAME)
+    ch.queue_unbind("ad-q", "ad-x", "b")   # last binding: the auto-delete exchange goes
+    r["exchange_after_last_unbind"] = attempt(conn, lambda c: c.exchange_declare("ad-x", passive=True))
+    r["ad_q"] = [b for b, _, _ in drain_get(ch, "ad-q")]
+    # an auto-delete classic queue goes when its last consumer cancels, not before
+    ch.queue_declare("ad-classic", auto_delete=True)
+    r["before_consumer"] = attempt(conn, lambda c: c.queue_declare("ad-classic", passive=True).method.queue)
+    tag = ch.basic_consume("ad-classic", lambda *a: None, auto_ack=True)
+    ch.basic_cancel(tag)
+    import time
+    deadline = time.monotonic() + 10
+    gone: Any = None
+    while time.monotonic() < deadline:
+        gone = attempt(conn, lambda c: c.queue_declare("ad-classic", passive=True).method.queue)
+        if isinstance(gone, tuple):
+            break
+    r["after_cancel"] = gone
+    ch.queue_delete("ad-q")
+    conn.close()
+    return r
+
+
 def plain(value: Any) -> Any:
     """Results made comparable: pika frames become 'ok:<Method>'."""
     if isinstance(value, dict):
@@ -660,6 +727,17 @@ def _acks_to_4x(r: dict[str, Any]) -> dict[str, Any]:
     return {**r, "consumed": [c[0], c[2], c[1]]}
 
 
+def _delivery_limit_to_4x(r: dict[str, Any]) -> dict[str, Any]:
+    """3.10 adds `x-delivery-count: 0` to first deliveries from a queue with a
+    delivery limit; 4.x adds the header only once the count is above zero
+    ("included with any redelivered message", quorum-queues guide, Poison
+    Message Handling): a first delivery, and the dead-lettered copy's first
+    delivery from the target queue, carry none."""
+    seen = [(red, None if count == 0 else count) for red, count in r["seen"]]
+    dead = r["dead_delivery_count"]
+    return {**r, "seen": seen, "dead_delivery_count": None if dead == 0 else dead}
+
+
 @dataclass(frozen=True)
 class Scenario:
     fn: Callable[[int], Any]
@@ -682,6 +760,8 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_cancel_notify),
     Scenario(s_transactions),
     Scenario(s_consumer_priority),
+    Scenario(s_delivery_limit, _delivery_limit_to_4x),
+    Scenario(s_bindings_and_auto_delete),
 ]}
 
 
