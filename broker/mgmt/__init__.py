@@ -1,1 +1,17 @@
-"""Management HTTP API (aiohttp), Prometheus metrics and health checks."""
+"""Management HTTP API (aiohttp), Prometheus metrics and health checks.
+
+Where it sits: the I/O shell's HTTP side, started by `Node.start()` when
+`management.tcp.port` / `prometheus.tcp.port` are non-zero. It reads the
+node's live state and writes through the node's own operations; it never
+imports `broker.runtime` (the node is handed in). `broker.cli` (qqctl) is its
+client.
+"""
+from .api import ApiError, make_app
+from .metrics import GroupSampler, NodeCollector, make_registry, metrics_app
+from .openapi import openapi_document
+from .server import ManagementServers, start_servers
+
+__all__ = [
+    "ApiError", "GroupSampler", "ManagementServers", "NodeCollector", "make_app",
+    "make_registry", "metrics_app", "openapi_document", "start_servers",
+]

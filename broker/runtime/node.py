@@ -75,6 +75,7 @@ class Node:
         self.membership = Membership(self)
         self._down_since: dict[str, float] = {}
         self._housekeeping_task: asyncio.Task[None] | None = None
+        self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -124,8 +125,15 @@ class Node:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("node %s: AMQP listening on %s:%d", self.node_name,
                  self.config["listeners.tcp.bind"], self.port)
+        if self.config["management.tcp.port"] or self.config["prometheus.tcp.port"]:
+            from broker.mgmt import start_servers
+
+            self.mgmt = await start_servers(self)
 
     async def stop(self) -> None:
+        if self.mgmt is not None:
+            await self.mgmt.close()
+            self.mgmt = None
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

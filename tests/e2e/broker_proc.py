@@ -27,7 +27,8 @@ def free_port() -> int:
 class BrokerProcess:
     def __init__(self, data_dir: Path, port: int | None = None, name: str = "rabbit@localhost",
                  config: str = "", env: dict[str, str] | None = None,
-                 wrap: list[str] | None = None, host: str = "127.0.0.1") -> None:
+                 wrap: list[str] | None = None, host: str = "127.0.0.1",
+                 management_port: int = 0, metrics_port: int = 0) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.name = name
@@ -37,6 +38,9 @@ class BrokerProcess:
         self.host = host  # where clients reach it
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        # 0 keeps the management API / metrics listener off (the default).
+        self.management_port = management_port
+        self.metrics_port = metrics_port
 
     @property
     def config_text(self) -> str:
@@ -44,7 +48,11 @@ class BrokerProcess:
                 f"node.data_dir = {self.data_dir}\n"
                 f"listeners.tcp.default = {self.port}\n"
                 f"listeners.tcp.bind = {'0.0.0.0' if self.wrap else '127.0.0.1'}\n"
-                f"management.tcp.port = 0\nprometheus.tcp.port = 0\n"
+                f"management.tcp.port = {self.management_port}\n"
+                f"prometheus.tcp.port = {self.metrics_port}\n"
+                + "".join(f"{k}.tcp.bind = {'0.0.0.0' if self.wrap else '127.0.0.1'}\n"
+                          for k, port in (("management", self.management_port),
+                                          ("prometheus", self.metrics_port)) if port)
                 + self.extra_config)
 
     def start(self, timeout: float = 60.0) -> BrokerProcess:

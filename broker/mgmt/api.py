@@ -1,0 +1,782 @@
+"""The management HTTP API (aiohttp), on RabbitMQ's paths and JSON shapes where they exist.
+
+Where it sits: the outermost I/O shell next to the AMQP listener. `make_app(node)`
+builds the aiohttp application over a running node (duck-typed: this package
+never imports `broker.runtime`); `Node.start()` serves it on
+`management.tcp.port`. Reads come from the node's local metadata replica and
+queue processes (`views`); writes go through the same paths as AMQP
+(`node.declare_queue`, `node.delete_queue`, `node.meta_execute`) and the
+membership operations through `node.membership`.
+
+Errors: every refusal is a JSON body ``{"error": ..., "reason": ...}`` with a
+4xx status (RabbitMQ's shape): 400 malformed or impossible requests, 401 bad
+or missing credentials, 403 a user without the needed tag or vhost access,
+404 unknown objects, 405 wrong method, 409 resource locked, 501 operations
+this node cannot serve, 503 health checks that fail.
+
+Access (RabbitMQ's user tags): any of administrator, monitoring,
+policymaker, management may use the API. administrator/monitoring see every
+vhost; the others see vhosts they have permissions in. Declaring/deleting
+queues needs administrator, or configure permission on the queue; policies
+need administrator or policymaker; users, permissions, operator policies and
+membership operations need administrator.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from broker import metadata as md
+from broker import queue as qm
+
+from . import views as v
+from .openapi import openapi_document
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MGMT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
+#: Free space below this on the data directory's file system raises the disk alarm
+#: (RabbitMQ's default disk_free_limit).
+DISK_FREE_LIMIT = 50_000_000
+
+NODE_KEY = web.AppKey("node", Any)
+
+
+class ApiError(Exception):
+    """A refused request; becomes ``{"error", "reason"}`` with `status`."""
+
+    def __init__(self, status: int, reason: str, error: str | None = None) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.error = error or {
+            400: "bad_request", 401: "not_authorized", 403: "access_refused",
+            404: "not_found", 405: "method_not_allowed", 409: "conflict",
+            501: "not_implemented", 503: "unavailable",
+        }.get(status, "error")
+
+
+def error_response(status: int, error: str, reason: str) -> web.Response:
+    resp = web.json_response({"error": error, "reason": reason}, status=status)
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = 'Basic realm="RabbitMQ Management"'
+    return resp
+
+
+_MD_STATUS = {403: 403, 404: 404, 405: 409, 406: 400}
+
+
+def md_error(err: md.MetadataError) -> ApiError:
+    """A metadata refusal as HTTP: 404->404, 403->403, 405 (locked)->409, others 400."""
+    return ApiError(_MD_STATUS.get(err.code, 400), err.text)
+
+
+# ---------------------------------------------------------------- request helpers
+class Ctx:
+    """The authenticated user of one request."""
+
+    def __init__(self, node: Any, user: md.UserRecord | None) -> None:
+        self.node = node
+        self.user = user
+        self.tags = frozenset(user.tags) if user else frozenset({"administrator"})
+
+    @property
+    def name(self) -> str:
+        return self.user.name if self.user else ""
+
+    @property
+    def admin(self) -> bool:
+        return "administrator" in self.tags
+
+    def sees_all(self) -> bool:
+        return bool(self.tags & {"administrator", "monitoring"})
+
+    def can_see(self, vhost: str) -> bool:
+        if self.sees_all():
+            return True
+        return (md.UserName(self.name), md.VhostName(vhost)) in self.node.meta.state.permissions
+
+    def need_admin(self) -> None:
+        if not self.admin:
+            raise ApiError(403, f"user '{self.name}' is not an administrator")
+
+    def need_vhost(self, vhost: str) -> None:
+        if md.VhostName(vhost) not in self.node.meta.state.vhosts:
+            raise ApiError(404, f"no vhost '{vhost}'")
+        if not self.can_see(vhost):
+            raise ApiError(403, f"access to vhost '{vhost}' refused for user '{self.name}'")
+
+    def need_configure(self, vhost: str, queue: str) -> None:
+        self.need_vhost(vhost)
+        if self.admin:
+            return
+        if "monitoring" in self.tags and not (self.tags & {"management", "policymaker"}):
+            raise ApiError(403, f"user '{self.name}' is a monitoring user")
+        err = md.check(self.node.meta.state, self.name, vhost, "configure", md.Resource.queue(queue))
+        if err is not None:
+            raise ApiError(403, err.text)
+
+    def need_policymaker(self, vhost: str) -> None:
+        self.need_vhost(vhost)
+        if not (self.tags & {"administrator", "policymaker"}):
+            raise ApiError(403, f"user '{self.name}' is not a policymaker")
+
+
+def ctx(request: web.Request) -> Ctx:
+    c: Ctx = request["ctx"]
+    return c
+
+
+async def json_body(request: web.Request, allowed: dict[str, type | tuple[type, ...]],
+                    required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The request's JSON object, checked: unknown keys, wrong types and missing
+    required keys are 400s naming the key."""
+    raw = await request.read()
+    if not raw.strip():
+        body: Any = {}
+    else:
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"malformed JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for key, value in body.items():
+        if key not in allowed:
+            raise ApiError(400, f"unknown key '{key}' (allowed: {', '.join(sorted(allowed))})")
+        want = allowed[key]
+        wants = want if isinstance(want, tuple) else (want,)
+        ok = isinstance(value, wants) and not (isinstance(value, bool) and bool not in wants)
+        if not ok:
+            names = " or ".join(t.__name__ for t in wants)
+            raise ApiError(400, f"'{key}' must be {names}, got {type(value).__name__}")
+    for key in required:
+        if key not in body:
+            raise ApiError(400, f"'{key}' is required")
+    return body
+
+
+def query_flag(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    if raw.lower() in ("true", "1", "yes", ""):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise ApiError(400, f"query parameter '{name}' must be true or false, got {raw!r}")
+
+
+def check_regex(value: str, what: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ApiError(400, f"{what}: invalid regular expression {value!r}: {exc}") from None
+    return value
+
+
+def membership(node: Any) -> Any:
+    m = getattr(node, "membership", None)
+    if m is None:
+        raise ApiError(501, "membership operations are not available on this node")
+    return m
+
+
+async def call_membership(coro: Awaitable[Any]) -> Any:
+    """Await a membership operation; its refusals (MembershipError(status, reason),
+    duck-typed) become ApiErrors."""
+    try:
+        return await coro
+    except ApiError:
+        raise
+    except Exception as exc:
+        status = getattr(exc, "status", None)
+        reason = getattr(exc, "reason", None)
+        if isinstance(status, int) and isinstance(reason, str):
+            raise ApiError(status if 400 <= status < 600 else 400, reason) from None
+        raise
+
+
+def known_node(node: Any, name: str) -> str:
+    if name not in v.cluster_nodes(node):
+        raise ApiError(404, f"no node '{name}' in the cluster")
+    return name
+
+
+# ---------------------------------------------------------------- middleware
+@web.middleware
+async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    node = request.app[NODE_KEY]
+    try:
+        match = request.match_info
+        if match.http_exception is not None:  # unknown path or method: no auth needed to say so
+            raise match.http_exception
+        if not getattr(match.route.handler, "public", False):
+            request["ctx"] = authenticate(request, node)
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.error, exc.reason)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            resp = error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
+            if "Allow" in exc.headers:
+                resp.headers["Allow"] = exc.headers["Allow"]
+            return resp
+        raise
+
+
+def authenticate(request: web.Request, node: Any) -> Ctx:
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Basic "):
+        raise ApiError(401, "authentication required (HTTP basic)")
+    import base64
+    import binascii
+
+    try:
+        decoded = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise ApiError(401, "malformed Authorization header") from None
+    username, sep, password = decoded.partition(":")
+    if not sep:
+        raise ApiError(401, "malformed Authorization header")
+    peer = request.remote or ""
+    user = md.authenticate(node.meta.state, username, password, peer,
+                           node.config["loopback_users"])
+    if isinstance(user, md.MetadataError):
+        raise ApiError(401, "Login failed")
+    if not set(user.tags) & MGMT_TAGS:
+        raise ApiError(403, f"user '{username}' has no management tag "
+                            "(administrator, monitoring, policymaker, management)")
+    return Ctx(node, user)
+
+
+# ---------------------------------------------------------------- overview, nodes
+async def overview(request: web.Request) -> web.Response:
+    c = ctx(request)
+    node = c.node
+    state = node.meta.state
+    totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
+    consumers = 0
+    for r in state.queues.values():
+        if not c.can_see(r.vhost):
+            continue
+        counts = v.local_counts(node, r)
+        if counts is None:
+            continue
+        for k in totals:
+            totals[k] += int(counts.get(k, 0))
+        consumers += int(counts.get("consumers", 0))
+    visible_q = sum(1 for r in state.queues.values() if c.can_see(r.vhost))
+    visible_x = sum(1 for (vh, _) in state.exchanges if c.can_see(vh))
+    return web.json_response({
+        "management_version": v.MANAGEMENT_VERSION,
+        "rabbitmq_version": v.MANAGEMENT_VERSION,
+        "product_name": v.PRODUCT_NAME,
+        "cluster_name": min(v.cluster_nodes(node)),
+        "node": node.node_name,
+        "object_totals": {"queues": visible_q, "exchanges": visible_x, "consumers": consumers,
+                          "connections": len(node.connections),
+                          "channels": sum(len(getattr(x, "channels", {})) for x in node.connections)},
+        "queue_totals": totals,
+        "listeners": [{"node": node.node_name, "protocol": "amqp", "port": node.port}],
+    })
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    node = ctx(request).node
+    return web.json_response([v.node_view(node, n) for n in v.cluster_nodes(node)])
+
+
+async def get_node(request: web.Request) -> web.Response:
+    node = ctx(request).node
+    name = known_node(node, request.match_info["node"])
+    return web.json_response(v.node_view(node, name))
+
+
+# ---------------------------------------------------------------- vhosts, users, permissions
+async def list_vhosts(request: web.Request) -> web.Response:
+    c = ctx(request)
+    return web.json_response([v.vhost_view(r) for r in c.node.meta.state.vhosts.values()
+                              if c.can_see(r.name)])
+
+
+async def get_vhost(request: web.Request) -> web.Response:
+    c = ctx(request)
+    name = request.match_info["vhost"]
+    c.need_vhost(name)
+    return web.json_response(v.vhost_view(c.node.meta.state.vhosts[md.VhostName(name)]))
+
+
+async def list_users(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    return web.json_response([v.user_view(u) for u in c.node.meta.state.users.values()])
+
+
+async def list_permissions(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    return web.json_response([v.permission_view(p) for p in c.node.meta.state.permissions.values()])
+
+
+# ---------------------------------------------------------------- exchanges, bindings
+async def list_exchanges(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        c.need_vhost(vhost)
+    return web.json_response([
+        v.exchange_view(r) for (vh, _), r in c.node.meta.state.exchanges.items()
+        if (vhost is None or vh == vhost) and c.can_see(vh)])
+
+
+async def list_bindings(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        c.need_vhost(vhost)
+    out = []
+    for (vh, _), bucket in c.node.meta.state.bindings.items():
+        if (vhost is None or vh == vhost) and c.can_see(vh):
+            out.extend(v.binding_view(b) for b in bucket)
+    return web.json_response(out)
+
+
+# ---------------------------------------------------------------- queues
+async def counts_for(node: Any, record: md.QueueRecord) -> dict[str, Any] | None:
+    counts = v.local_counts(node, record)
+    if counts is not None:
+        return counts
+    m = getattr(node, "membership", None)
+    if m is None:
+        return None
+    try:
+        result: dict[str, Any] = await asyncio.wait_for(
+            m.queue_overview(record.vhost, record.name), 5)
+        return result
+    except Exception:  # noqa: BLE001 - an unreachable leader: counts unknown
+        return None
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        c.need_vhost(vhost)
+    records = [r for (vh, _), r in sorted(c.node.meta.state.queues.items())
+               if (vhost is None or vh == vhost) and c.can_see(vh)]
+    counts = await asyncio.gather(*(counts_for(c.node, r) for r in records))
+    return web.json_response([v.queue_view(c.node, r, n) for r, n in zip(records, counts, strict=True)])
+
+
+def queue_record(c: Ctx, vhost: str, name: str) -> md.QueueRecord:
+    c.need_vhost(vhost)
+    record = c.node.queue_record(vhost, name)
+    if record is None:
+        raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
+    return record
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    c = ctx(request)
+    record = queue_record(c, request.match_info["vhost"], request.match_info["name"])
+    return web.json_response(v.queue_view(c.node, record, await counts_for(c.node, record)))
+
+
+QUEUE_PUT_KEYS: dict[str, type | tuple[type, ...]] = {
+    "durable": bool, "auto_delete": bool, "arguments": dict, "node": str, "type": str}
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    c.need_configure(vhost, name)
+    body = await json_body(request, QUEUE_PUT_KEYS)
+    if not name or len(name.encode()) > 255:
+        raise ApiError(400, "queue names are 1 to 255 bytes long")
+    if name.startswith("amq."):
+        raise ApiError(403, f"queue name '{name}' contains reserved prefix 'amq.*'")
+    arguments = dict(body.get("arguments", {}))
+    if "type" in body:
+        if body["type"] not in ("quorum", "classic"):
+            raise ApiError(400, f"unsupported queue type '{body['type']}'")
+        arguments.setdefault("x-queue-type", body["type"])
+    if "node" in body:
+        known_node(c.node, body["node"])
+    try:
+        reply = await c.node.declare_queue(
+            vhost, name, durable=body.get("durable", True), exclusive_owner=None,
+            auto_delete=body.get("auto_delete", False), arguments=arguments, passive=False,
+            server_named=False, method=None)
+    except Exception as exc:
+        code, text = getattr(exc, "code", None), getattr(exc, "text", None)
+        if isinstance(code, int) and isinstance(text, str):
+            raise md_error(md.MetadataError(code, text)) from None
+        raise
+    if isinstance(reply, md.MetadataError):
+        raise md_error(reply)
+    created = bool(getattr(reply, "created", True))
+    return web.Response(status=201 if created else 204)
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    c.need_configure(vhost, name)
+    queue_record(c, vhost, name)
+    if_empty, if_unused = query_flag(request, "if-empty"), query_flag(request, "if-unused")
+    record = c.node.queue_record(vhost, name)
+    if record is not None and (if_empty or if_unused) and v.local_counts(c.node, record) is None:
+        # No replica here to check the condition against: use the leader's counts.
+        counts = await counts_for(c.node, record)
+        if counts is None:
+            raise ApiError(503, f"queue '{name}' in vhost '{vhost}': counts unavailable")
+        if if_empty and counts.get("messages", 0):
+            raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not empty")
+        if if_unused and counts.get("consumers", 0):
+            raise ApiError(400, f"queue '{name}' in vhost '{vhost}' in use")
+    reply, _count = await c.node.delete_queue(vhost, name, if_unused, if_empty, None)
+    if isinstance(reply, md.MetadataError):
+        raise md_error(reply)
+    if getattr(reply, "record", True) is None:
+        raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
+    return web.Response(status=204)
+
+
+async def purge_queue(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    queue_record(c, vhost, name)
+    if not c.admin:
+        err = md.check(c.node.meta.state, c.name, vhost, "read", md.Resource.queue(name))
+        if err is not None:
+            raise ApiError(403, err.text)
+    q = c.node.queue(vhost, name)
+    if q is None:
+        raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
+    try:
+        await c.node.queue_command(q, qm.Purge())
+    except Exception as exc:
+        code, text = getattr(exc, "code", None), getattr(exc, "text", None)
+        if isinstance(code, int) and isinstance(text, str):
+            raise ApiError(503 if code == 404 else 400, text) from None
+        raise
+    return web.Response(status=204)
+
+
+# ---------------------------------------------------------------- policies
+POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
+    "pattern": str, "definition": dict, "priority": int, "apply-to": str}
+
+
+def _policies_of(request: web.Request) -> tuple[bool, str]:
+    operator = request.path.startswith("/api/operator-policies")
+    return operator, "operator policy" if operator else "policy"
+
+
+async def list_policies(request: web.Request) -> web.Response:
+    c = ctx(request)
+    operator, _ = _policies_of(request)
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        c.need_vhost(vhost)
+    if operator:
+        c.need_admin()
+    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    return web.json_response([v.policy_view(p) for (vh, _), p in sorted(source.items())
+                              if (vhost is None or vh == vhost) and c.can_see(vh)])
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    c = ctx(request)
+    operator, what = _policies_of(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    c.need_vhost(vhost)
+    if operator:
+        c.need_admin()
+    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    p = source.get((md.VhostName(vhost), md.PolicyName(name)))
+    if p is None:
+        raise ApiError(404, f"no {what} '{name}' in vhost '{vhost}'")
+    return web.json_response(v.policy_view(p))
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    c = ctx(request)
+    operator, _ = _policies_of(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if operator:
+        c.need_vhost(vhost)
+        c.need_admin()
+    else:
+        c.need_policymaker(vhost)
+    body = await json_body(request, POLICY_KEYS, required=("pattern", "definition"))
+    check_regex(body["pattern"], "pattern")
+    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    existed = (md.VhostName(vhost), md.PolicyName(name)) in source
+    cls = md.SetOperatorPolicy if operator else md.SetPolicy
+    cmd = cls(md.VhostName(vhost), md.PolicyName(name), body["pattern"],
+              md.freeze_table(body["definition"]), body.get("priority", 0),
+              body.get("apply-to", "queues" if operator else "all"))
+    reply = await c.node.meta_execute(cmd)
+    if isinstance(reply, md.MetadataError):
+        raise md_error(reply)
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_policy(request: web.Request) -> web.Response:
+    c = ctx(request)
+    operator, what = _policies_of(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    if operator:
+        c.need_vhost(vhost)
+        c.need_admin()
+    else:
+        c.need_policymaker(vhost)
+    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    if (md.VhostName(vhost), md.PolicyName(name)) not in source:
+        raise ApiError(404, f"no {what} '{name}' in vhost '{vhost}'")
+    cls = md.ClearOperatorPolicy if operator else md.ClearPolicy
+    reply = await c.node.meta_execute(cls(md.VhostName(vhost), md.PolicyName(name)))
+    if isinstance(reply, md.MetadataError):
+        raise md_error(reply)
+    return web.Response(status=204)
+
+
+# ---------------------------------------------------------------- health
+async def health_alarms(request: web.Request) -> web.Response:
+    node = ctx(request).node
+    free = shutil.disk_usage(node.data_dir).free
+    if free < DISK_FREE_LIMIT:
+        return web.json_response({"status": "failed", "reason": "resource alarm(s) in effect",
+                                  "alarms": [{"node": node.node_name, "resource": "disk",
+                                              "free": free, "limit": DISK_FREE_LIMIT}]},
+                                 status=503)
+    return web.json_response({"status": "ok"})
+
+
+def _critical(node: Any, name: str) -> list[tuple[str, str]]:
+    m = getattr(node, "membership", None)
+    if m is not None and hasattr(m, "quorum_critical"):
+        return sorted((str(a), str(b)) for a, b in m.quorum_critical(name))
+    return v.quorum_critical(node, name)
+
+
+async def health_quorum_critical(request: web.Request) -> web.Response:
+    node = ctx(request).node
+    name = request.query.get("node", node.node_name)
+    known_node(node, name)
+    critical = _critical(node, name)
+    if critical:
+        return web.json_response({
+            "status": "failed",
+            "reason": "There are quorum queues that would lose their quorum if the target "
+                      "node is shut down",
+            "queues": [{"name": q, "vhost": vh, "readable_name": f"queue '{q}' in vhost '{vh}'"}
+                       for vh, q in critical]}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def liveness(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readiness(request: web.Request) -> web.Response:
+    node = request.app[NODE_KEY]
+    problems = []
+    if node.meta.group.leader is None:
+        problems.append("the metadata store has no leader")
+    if not node.port:
+        problems.append("the AMQP listener is not up")
+    if problems:
+        return web.json_response({"status": "failed", "reason": "; ".join(problems)}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+# ---------------------------------------------------------------- quorum-queue operations
+async def quorum_status(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    record = queue_record(c, vhost, name)
+    if record.type != "quorum":
+        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
+    result = await call_membership(membership(c.node).quorum_status(vhost, name))
+    return web.json_response(v.jsonable(result))
+
+
+async def add_member(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    record = queue_record(c, vhost, name)
+    body = await json_body(request, {"node": str}, required=("node",))
+    known_node(c.node, body["node"])
+    if record.type != "quorum":
+        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
+    await call_membership(membership(c.node).add_member(vhost, name, body["node"]))
+    return web.Response(status=204)
+
+
+async def delete_member(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    record = queue_record(c, vhost, name)
+    target = known_node(c.node, request.match_info["node"])
+    if record.type != "quorum":
+        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
+    force = query_flag(request, "force")
+    await call_membership(membership(c.node).delete_member(vhost, name, target, force=force))
+    return web.Response(status=204)
+
+
+async def _long_operation(request: web.Request, run: Callable[[Callable[[dict[str, Any]], None] | None],
+                                                                Awaitable[Any]]) -> web.StreamResponse:
+    """Run a long membership operation. With ``?progress=true`` the response is
+    NDJSON streamed as the operation goes: ``{"progress": {...}}`` lines, then
+    one ``{"result": [...]}`` or ``{"error": ..., "reason": ...}`` line (the
+    status is already 200 by then). Otherwise a plain JSON list of results."""
+    if not query_flag(request, "progress"):
+        return web.json_response(v.jsonable(await call_membership(run(None))))
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    def progress(item: dict[str, Any]) -> None:
+        queue.put_nowait({"progress": v.jsonable(item)})
+
+    task = asyncio.ensure_future(call_membership(run(progress)))
+    while True:
+        getter = asyncio.ensure_future(queue.get())
+        done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            await resp.write(json.dumps(getter.result()).encode() + b"\n")
+            continue
+        getter.cancel()
+        while not queue.empty():
+            await resp.write(json.dumps(queue.get_nowait()).encode() + b"\n")
+        break
+    try:
+        line: dict[str, Any] = {"result": v.jsonable(task.result())}
+    except ApiError as exc:
+        line = {"error": exc.error, "reason": exc.reason, "status": exc.status}
+    await resp.write(json.dumps(line).encode() + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+PATTERN_KEYS: dict[str, type | tuple[type, ...]] = {"vhost_pattern": str, "queue_pattern": str}
+
+
+async def grow(request: web.Request) -> web.StreamResponse:
+    c = ctx(request)
+    c.need_admin()
+    body = await json_body(request, {"node": str, "strategy": str, **PATTERN_KEYS},
+                           required=("node",))
+    known_node(c.node, body["node"])
+    strategy = body.get("strategy", "all")
+    if strategy not in ("all", "even"):
+        raise ApiError(400, f"strategy must be 'all' or 'even', got {strategy!r}")
+    vp = check_regex(body.get("vhost_pattern", ".*"), "vhost_pattern")
+    qp = check_regex(body.get("queue_pattern", ".*"), "queue_pattern")
+    m = membership(c.node)
+    return await _long_operation(request, lambda progress: m.grow(
+        body["node"], strategy, vhost_pattern=vp, queue_pattern=qp, progress=progress))
+
+
+async def shrink(request: web.Request) -> web.StreamResponse:
+    c = ctx(request)
+    c.need_admin()
+    body = await json_body(request, {"node": str, "errors_only": bool}, required=("node",))
+    known_node(c.node, body["node"])
+    m = membership(c.node)
+    return await _long_operation(request, lambda progress: m.shrink(
+        body["node"], errors_only=body.get("errors_only", False), progress=progress))
+
+
+async def rebalance(request: web.Request) -> web.StreamResponse:
+    c = ctx(request)
+    c.need_admin()
+    body = await json_body(request, PATTERN_KEYS)
+    vp = check_regex(body.get("vhost_pattern", ".*"), "vhost_pattern")
+    qp = check_regex(body.get("queue_pattern", ".*"), "queue_pattern")
+    m = membership(c.node)
+    return await _long_operation(request, lambda progress: m.rebalance(
+        vhost_pattern=vp, queue_pattern=qp, progress=progress))
+
+
+async def drain(request: web.Request) -> web.StreamResponse:
+    c = ctx(request)
+    c.need_admin()
+    target = known_node(c.node, request.match_info["node"])
+    await json_body(request, {})
+    m = membership(c.node)
+    return await _long_operation(request, lambda progress: m.drain(target, progress=progress))
+
+
+# ---------------------------------------------------------------- the application
+def _public(handler: Handler) -> Handler:
+    handler.public = True  # type: ignore[attr-defined]
+    return handler
+
+
+ROUTES: list[tuple[str, str, Handler]] = [
+    ("GET", "/api/overview", overview),
+    ("GET", "/api/nodes", list_nodes),
+    ("GET", "/api/nodes/{node}", get_node),
+    ("POST", "/api/nodes/{node}/drain", drain),
+    ("GET", "/api/vhosts", list_vhosts),
+    ("GET", "/api/vhosts/{vhost}", get_vhost),
+    ("GET", "/api/users", list_users),
+    ("GET", "/api/permissions", list_permissions),
+    ("GET", "/api/exchanges", list_exchanges),
+    ("GET", "/api/exchanges/{vhost}", list_exchanges),
+    ("GET", "/api/bindings", list_bindings),
+    ("GET", "/api/bindings/{vhost}", list_bindings),
+    ("GET", "/api/queues", list_queues),
+    ("GET", "/api/queues/{vhost}", list_queues),
+    ("GET", "/api/queues/{vhost}/{name}", get_queue),
+    ("PUT", "/api/queues/{vhost}/{name}", put_queue),
+    ("DELETE", "/api/queues/{vhost}/{name}", delete_queue),
+    ("DELETE", "/api/queues/{vhost}/{name}/contents", purge_queue),
+    ("GET", "/api/queues/{vhost}/{name}/quorum-status", quorum_status),
+    ("POST", "/api/queues/{vhost}/{name}/members", add_member),
+    ("DELETE", "/api/queues/{vhost}/{name}/members/{node}", delete_member),
+    ("POST", "/api/quorum-queues/grow", grow),
+    ("POST", "/api/quorum-queues/shrink", shrink),
+    ("POST", "/api/quorum-queues/rebalance", rebalance),
+    ("GET", "/api/policies", list_policies),
+    ("GET", "/api/policies/{vhost}", list_policies),
+    ("GET", "/api/policies/{vhost}/{name}", get_policy),
+    ("PUT", "/api/policies/{vhost}/{name}", put_policy),
+    ("DELETE", "/api/policies/{vhost}/{name}", delete_policy),
+    ("GET", "/api/operator-policies", list_policies),
+    ("GET", "/api/operator-policies/{vhost}", list_policies),
+    ("GET", "/api/operator-policies/{vhost}/{name}", get_policy),
+    ("PUT", "/api/operator-policies/{vhost}/{name}", put_policy),
+    ("DELETE", "/api/operator-policies/{vhost}/{name}", delete_policy),
+    ("GET", "/api/health/checks/alarms", health_alarms),
+    ("GET", "/api/health/checks/node-is-quorum-critical", health_quorum_critical),
+    ("GET", "/api/health/live", _public(liveness)),
+    ("GET", "/api/health/ready", _public(readiness)),
+    ("GET", "/api/openapi.json", _public(get_openapi)),
+]
+
+
+def make_app(node: Any) -> web.Application:
+    """The management application over a started node."""
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=1 << 20)
+    app[NODE_KEY] = node
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
+    return app

@@ -1,0 +1,234 @@
+"""Prometheus metrics: a per-node registry whose collector reads live state at scrape time.
+
+Where it sits: beside the management API in the I/O shell. `NodeCollector(node)`
+is registered in a `CollectorRegistry` of its own (never the global one, so
+several nodes can live in one process, as in tests); `metrics_app(node)` serves
+it on `prometheus.tcp.port` at `/metrics` (rabbitmq_prometheus's path).
+
+Names follow rabbitmq_prometheus where it has them (per-object queue metrics
+as in its `/metrics/per-object` endpoint, labels `vhost`, `queue`); ours are
+prefixed `qq_`. Queue message counts are reported by the node holding the
+queue's leader (so summing over nodes does not double count); Raft metrics
+are reported by every node for each member it holds.
+
+`rabbitmq_raft_entry_commit_latency_seconds` is sampled: a light task looks at
+each local group every SAMPLE_INTERVAL_S and, when the applied index moved,
+records now minus the leader's timestamp of the last applied entry. It is an
+upper bound that includes up to one sampling interval of staleness.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import views as v
+
+SAMPLE_INTERVAL_S = 0.05
+
+
+def _groups(node: Any) -> Iterator[tuple[str, str, Any, Any]]:
+    """(vhost, queue, queue process, raft group) for every local quorum member."""
+    for (vhost, name), q in list(node.queues.items()):
+        group = getattr(q, "group", None)
+        if group is not None:
+            yield vhost, name, q, group
+
+
+class GroupSampler:
+    """Per-group commit latency estimates and leader-change counts, sampled
+    every SAMPLE_INTERVAL_S (see the module docstring)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.latency: dict[tuple[str, str], float] = {}
+        self.leader_changes: dict[tuple[str, str], int] = {}
+        self._leaders: dict[tuple[str, str], str] = {}
+        self._seen: dict[tuple[str, str], int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def sample(self) -> None:
+        now_ms = time.time() * 1000
+        live = set()
+        for vhost, name, _q, g in _groups(self.node):
+            key = (vhost, name)
+            live.add(key)
+            applied = g.applied_index
+            if self._seen.get(key) != applied:
+                self._seen[key] = applied
+                if g.last_applied_ms:
+                    self.latency[key] = max(0.0, (now_ms - g.last_applied_ms) / 1000)
+            lead = g.leader
+            if lead is not None and self._leaders.get(key) != lead:
+                if key in self._leaders:
+                    self.leader_changes[key] = self.leader_changes.get(key, 0) + 1
+                self._leaders[key] = lead
+            self.leader_changes.setdefault(key, 0)
+        for key in list(self._seen):
+            if key not in live:
+                for d in (self._seen, self.latency, self._leaders, self.leader_changes):
+                    d.pop(key, None)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+            self.sample()
+
+
+class NodeCollector(Collector):
+    """Reads the node's live state at every scrape."""
+
+    def __init__(self, node: Any, sampler: GroupSampler | None = None) -> None:
+        self.node = node
+        self.sampler = sampler
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        ql = ["vhost", "queue"]
+
+        def g(name: str, doc: str, labels: list[str] = ql) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        def c(name: str, doc: str, labels: list[str] = ql) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=labels)
+
+        ready = g("rabbitmq_queue_messages_ready", "Messages ready to be delivered to consumers")
+        unacked = g("rabbitmq_queue_messages_unacked",
+                    "Messages delivered to consumers but not yet acknowledged")
+        total = g("rabbitmq_queue_messages", "Sum of ready and unacknowledged messages")
+        ready_b = g("rabbitmq_queue_messages_ready_bytes", "Size in bytes of ready messages")
+        unacked_b = g("rabbitmq_queue_messages_unacked_bytes",
+                      "Size in bytes of all unacknowledged messages")
+        consumers = g("rabbitmq_queue_consumers", "Consumers on a queue")
+        term = c("rabbitmq_raft_term", "Current Raft term number")
+        commit = g("rabbitmq_raft_log_commit_index", "Raft log commit index")
+        applied = g("rabbitmq_raft_log_last_applied_index", "Raft log last applied index")
+        written = g("rabbitmq_raft_log_last_written_index", "Raft log last written index")
+        snap = g("rabbitmq_raft_log_snapshot_index", "Raft log snapshot index")
+        latency = g("rabbitmq_raft_entry_commit_latency_seconds",
+                    "Time from a log entry's proposal to its application here (sampled)")
+        is_leader = g("qq_raft_is_leader", "1 when this node's member leads the queue")
+        members = g("qq_queue_members", "Members of the quorum queue")
+        online = g("qq_queue_members_online", "Members of the quorum queue on running nodes")
+        seg_bytes = g("qq_segment_bytes", "Bytes in this member's segment files")
+        seg_files = g("qq_segment_files", "Segment files of this member")
+        leader_changes = c("qq_raft_leader_changes",
+                           "Leader changes this node's member has seen since the metrics started")
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.sample()
+
+        for (vh, name), record in list(node.meta.state.queues.items()):
+            labels = [str(vh), str(name)]
+            q = node.queues.get((vh, name))
+            group = getattr(q, "group", None)
+            leader_here = (q is not None and q.is_leader) if group is not None else (
+                q is not None and q.kind == "classic")
+            if leader_here:
+                ov = q.overview()  # type: ignore[union-attr]
+                ready.add_metric(labels, ov.get("messages_ready", 0))
+                unacked.add_metric(labels, ov.get("messages_unacknowledged", 0))
+                total.add_metric(labels, ov.get("messages", 0))
+                ready_b.add_metric(labels, ov.get("message_bytes_ready", 0))
+                unacked_b.add_metric(labels, ov.get("message_bytes_unacknowledged", 0))
+                consumers.add_metric(labels, ov.get("consumers", 0))
+            if group is None:
+                continue
+            st = group.node.status()
+            term.add_metric(labels, st.term)
+            commit.add_metric(labels, st.commit)
+            applied.add_metric(labels, group.applied_index)
+            written.add_metric(labels, st.last_index)
+            smeta = group.glog.snapshot_meta()
+            snap.add_metric(labels, smeta.index if smeta is not None else 0)
+            is_leader.add_metric(labels, 1 if group.is_leader else 0)
+            members.add_metric(labels, len(record.members))
+            online.add_metric(labels, len(v.online(node, record.members)))
+            if sampler is not None and (vh, name) in sampler.latency:
+                latency.add_metric(labels, sampler.latency[(vh, name)])
+            files = group.glog.segment_files()
+            size = 0
+            for f in files:
+                try:
+                    size += os.stat(f).st_size
+                except OSError:
+                    pass
+            seg_bytes.add_metric(labels, size)
+            seg_files.add_metric(labels, len(files))
+            if sampler is not None:
+                leader_changes.add_metric(labels, sampler.leader_changes.get((vh, name), 0))
+        yield from (ready, unacked, total, ready_b, unacked_b, consumers, term, commit, applied,
+                    written, snap, latency, is_leader, members, online, seg_bytes, seg_files,
+                    leader_changes)
+
+        yield from self._node_metrics()
+
+    def _node_metrics(self) -> Iterator[Metric]:
+        node = self.node
+        stats = dict(node.storage.stats) if node.storage is not None else {}
+        for key, doc in (("bytes", "Bytes written to the write-ahead log"),
+                         ("fsyncs", "fsync/fdatasync calls on the write-ahead log"),
+                         ("batches", "Write-ahead log batches written"),
+                         ("records", "Records written to the write-ahead log"),
+                         ("write_errors", "Failed write-ahead log writes"),
+                         ("rollovers", "Write-ahead log roll-overs"),
+                         ("flushes", "Write-ahead log flushes into segment files")):
+            m = CounterMetricFamily(f"qq_wal_{key}", doc, labels=[])
+            m.add_metric([], stats.get(key, 0))
+            yield m
+        nodes = v.cluster_nodes(node)
+        up = GaugeMetricFamily("qq_cluster_nodes_running", "Cluster nodes this node sees running",
+                               labels=[])
+        up.add_metric([], len(v.online(node, nodes)))
+        yield up
+        size = GaugeMetricFamily("qq_cluster_nodes", "Cluster nodes", labels=[])
+        size.add_metric([], len(nodes))
+        yield size
+        meta = GaugeMetricFamily("qq_metadata_is_leader",
+                                 "1 when this node leads the metadata group", labels=[])
+        meta.add_metric([], 1 if node.meta.group.is_leader else 0)
+        yield meta
+        mst = node.meta.group.node.status()
+        mt = GaugeMetricFamily("qq_metadata_raft_commit_index", "Metadata group commit index",
+                               labels=[])
+        mt.add_metric([], mst.commit)
+        yield mt
+        info = GaugeMetricFamily("rabbitmq_identity_info", "Node identity", labels=["rabbitmq_node",
+                                                                                      "rabbitmq_cluster"])
+        info.add_metric([node.node_name, min(nodes)], 1)
+        yield info
+
+
+def make_registry(node: Any, sampler: GroupSampler | None = None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(node, sampler))
+    return registry
+
+
+def metrics_app(node: Any, registry: CollectorRegistry) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics/per-object", metrics)
+    return app

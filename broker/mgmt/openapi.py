@@ -1,0 +1,259 @@
+"""The OpenAPI 3.0 document of the management API, served at `/api/openapi.json`.
+
+Where it sits: built from data next to the handlers in `api` (which serves it)
+and checked against the running API by schemathesis in tests/mgmt. Keep the
+two in step: every route in `api.ROUTES` has an operation here (a test
+checks it).
+"""
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from typing import Any
+
+JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _list_of(name: str) -> dict[str, Any]:
+    return {"type": "array", "items": _ref(name)}
+
+
+_STR = {"type": "string"}
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_ANY_OBJ = {"type": "object", "additionalProperties": True}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error", "reason"],
+              "properties": {"error": _STR, "reason": _STR}},
+    "Status": {"type": "object", "required": ["status"],
+               "properties": {"status": {"type": "string", "enum": ["ok", "failed"]},
+                              "reason": _STR}, "additionalProperties": True},
+    "Overview": {"type": "object",
+                 "required": ["management_version", "node", "object_totals", "queue_totals"],
+                 "properties": {"management_version": _STR, "rabbitmq_version": _STR,
+                                "product_name": _STR, "cluster_name": _STR, "node": _STR,
+                                "object_totals": _ANY_OBJ, "queue_totals": _ANY_OBJ,
+                                "listeners": {"type": "array", "items": _ANY_OBJ}}},
+    "Node": {"type": "object", "required": ["name", "running", "type"],
+             "properties": {"name": _STR, "running": _BOOL, "type": _STR,
+                            "partitions": {"type": "array", "items": _STR},
+                            "being_drained": _BOOL, "metadata_leader": _BOOL,
+                            "quorum_queue_members": _INT, "quorum_queue_leaders": _INT}},
+    "Vhost": {"type": "object", "required": ["name"],
+              "properties": {"name": _STR, "description": _STR,
+                             "tags": {"type": "array", "items": _STR},
+                             "default_queue_type": _STR, "tracing": _BOOL}},
+    "User": {"type": "object", "required": ["name", "tags"],
+             "properties": {"name": _STR, "password_hash": _STR, "hashing_algorithm": _STR,
+                            "tags": {"type": "array", "items": _STR}}},
+    "Permission": {"type": "object", "required": ["user", "vhost", "configure", "write", "read"],
+                   "properties": {"user": _STR, "vhost": _STR, "configure": _STR,
+                                  "write": _STR, "read": _STR}},
+    "Exchange": {"type": "object", "required": ["name", "vhost", "type"],
+                 "properties": {"name": _STR, "vhost": _STR, "type": _STR, "durable": _BOOL,
+                                "auto_delete": _BOOL, "internal": _BOOL,
+                                "arguments": _ANY_OBJ}},
+    "Binding": {"type": "object", "required": ["source", "vhost", "destination",
+                                               "destination_type", "routing_key"],
+                "properties": {"source": _STR, "vhost": _STR, "destination": _STR,
+                               "destination_type": {"type": "string",
+                                                    "enum": ["queue", "exchange"]},
+                               "routing_key": _STR, "arguments": _ANY_OBJ,
+                               "properties_key": _STR}},
+    "Queue": {"type": "object",
+              "required": ["name", "vhost", "type", "durable", "arguments", "members",
+                           "online", "messages", "messages_ready",
+                           "messages_unacknowledged", "consumers"],
+              "properties": {
+                  "name": _STR, "vhost": _STR,
+                  "type": {"type": "string", "enum": ["quorum", "classic"]},
+                  "durable": _BOOL, "auto_delete": _BOOL, "exclusive": _BOOL,
+                  "arguments": _ANY_OBJ,
+                  "node": {"type": "string", "nullable": True},
+                  "leader": {"type": "string", "nullable": True},
+                  "members": {"type": "array", "items": _STR},
+                  "online": {"type": "array", "items": _STR},
+                  "state": _STR,
+                  "policy": {"type": "string", "nullable": True},
+                  "operator_policy": {"type": "string", "nullable": True},
+                  "effective_policy_definition": _ANY_OBJ,
+                  "messages": _INT, "messages_ready": _INT, "messages_unacknowledged": _INT,
+                  "consumers": _INT, "message_bytes_ready": _INT,
+                  "message_bytes_unacknowledged": _INT, "counts_known": _BOOL,
+                  "delivery_limit": {"type": "integer", "nullable": True}}},
+    "QueueDeclaration": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"durable": _BOOL, "auto_delete": _BOOL, "arguments": _ANY_OBJ,
+                       "node": _STR, "type": {"type": "string", "enum": ["quorum", "classic"]}}},
+    "Policy": {"type": "object", "required": ["vhost", "name", "pattern", "apply-to",
+                                              "definition", "priority"],
+               "properties": {"vhost": _STR, "name": _STR, "pattern": _STR, "apply-to": _STR,
+                              "definition": _ANY_OBJ, "priority": _INT}},
+    "PolicyDefinition": {
+        "type": "object", "additionalProperties": False, "required": ["pattern", "definition"],
+        "properties": {"pattern": _STR, "definition": _ANY_OBJ, "priority": _INT,
+                       "apply-to": {"type": "string",
+                                    "enum": ["all", "queues", "exchanges", "classic_queues",
+                                             "quorum_queues", "streams"]}}},
+    "MemberStatus": {"type": "object", "required": ["node"],
+                     "properties": {"node": _STR, "raft_state": _STR, "term": _INT,
+                                    "commit_index": _INT, "last_applied": _INT,
+                                    "match_index": {"type": "integer", "nullable": True}},
+                     "additionalProperties": True},
+    "OperationResult": {"type": "object", "additionalProperties": True},
+    "AddMember": {"type": "object", "additionalProperties": False, "required": ["node"],
+                  "properties": {"node": _STR}},
+    "Grow": {"type": "object", "additionalProperties": False, "required": ["node"],
+             "properties": {"node": _STR, "strategy": {"type": "string", "enum": ["all", "even"]},
+                            "vhost_pattern": _STR, "queue_pattern": _STR}},
+    "Shrink": {"type": "object", "additionalProperties": False, "required": ["node"],
+               "properties": {"node": _STR, "errors_only": _BOOL}},
+    "Rebalance": {"type": "object", "additionalProperties": False,
+                  "properties": {"vhost_pattern": _STR, "queue_pattern": _STR}},
+    "Empty": {"type": "object", "additionalProperties": False, "properties": {}},
+}
+
+
+def _path_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _query_bool(name: str, doc: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": {"type": "boolean"},
+            "description": doc}
+
+
+def _json(schema: dict[str, Any], doc: str) -> dict[str, Any]:
+    return {"description": doc, "content": {JSON: {"schema": schema}}}
+
+
+_ERR = _json(_ref("Error"), "refused: {error, reason}")
+_NO_CONTENT = {"description": "done"}
+_PROGRESS = _query_bool("progress", "stream NDJSON progress lines, then a result line")
+
+
+def _op(summary: str, ok: dict[str, dict[str, Any]], params: tuple[str, ...] = (),
+        query: list[dict[str, Any]] | None = None, body: str | None = None,
+        public: bool = False, tag: str = "api") -> dict[str, Any]:
+    responses: dict[str, Any] = dict(ok)
+    for code in ("400", "404", "405", "409", "501"):
+        responses.setdefault(code, _ERR)
+    if not public:
+        responses.setdefault("401", _ERR)
+        responses.setdefault("403", _ERR)
+    op: dict[str, Any] = {"summary": summary, "tags": [tag], "responses": responses,
+                          "parameters": [_path_param(p) for p in params] + (query or [])}
+    if body is not None:
+        op["requestBody"] = {"required": body not in ("Empty", "Rebalance", "QueueDeclaration"),
+                             "content": {JSON: {"schema": _ref(body)}}}
+    if public:
+        op["security"] = []
+    return op
+
+
+def _long(summary: str, body: str, params: tuple[str, ...] = ()) -> dict[str, Any]:
+    ok = {"200": {"description": "per-queue results (NDJSON lines with ?progress=true)",
+                  "content": {JSON: {"schema": _list_of("OperationResult")},
+                              "application/x-ndjson": {"schema": {"type": "string"}}}}}
+    return _op(summary, ok, params, [_PROGRESS], body, tag="quorum queues")
+
+
+VQ = ("vhost", "name")
+POLICY_PATHS: dict[str, Any] = {}
+for _kind, _doc in (("policies", "policy"), ("operator-policies", "operator policy")):
+    POLICY_PATHS[f"/api/{_kind}"] = {"get": _op(f"every {_doc}", {"200": _json(_list_of("Policy"), "list")})}
+    POLICY_PATHS[f"/api/{_kind}/{{vhost}}"] = {
+        "get": _op(f"{_doc}s in a vhost", {"200": _json(_list_of("Policy"), "list")}, ("vhost",))}
+    POLICY_PATHS[f"/api/{_kind}/{{vhost}}/{{name}}"] = {
+        "get": _op(f"one {_doc}", {"200": _json(_ref("Policy"), "the policy")}, VQ),
+        "put": _op(f"set a {_doc} (applied live to matching queues)",
+                   {"201": _NO_CONTENT, "204": _NO_CONTENT}, VQ, body="PolicyDefinition"),
+        "delete": _op(f"clear a {_doc}", {"204": _NO_CONTENT}, VQ),
+    }
+
+PATHS: dict[str, Any] = {
+    "/api/overview": {"get": _op("cluster overview", {"200": _json(_ref("Overview"), "overview")})},
+    "/api/nodes": {"get": _op("cluster nodes", {"200": _json(_list_of("Node"), "list")})},
+    "/api/nodes/{node}": {"get": _op("one node", {"200": _json(_ref("Node"), "node")}, ("node",))},
+    "/api/nodes/{node}/drain": {"post": _long(
+        "move every quorum-queue member and leadership off a node", "Empty", ("node",))},
+    "/api/vhosts": {"get": _op("vhosts", {"200": _json(_list_of("Vhost"), "list")})},
+    "/api/vhosts/{vhost}": {"get": _op("one vhost", {"200": _json(_ref("Vhost"), "vhost")},
+                                       ("vhost",))},
+    "/api/users": {"get": _op("users", {"200": _json(_list_of("User"), "list")})},
+    "/api/permissions": {"get": _op("permissions", {"200": _json(_list_of("Permission"), "list")})},
+    "/api/exchanges": {"get": _op("exchanges", {"200": _json(_list_of("Exchange"), "list")})},
+    "/api/exchanges/{vhost}": {"get": _op("exchanges in a vhost",
+                                          {"200": _json(_list_of("Exchange"), "list")}, ("vhost",))},
+    "/api/bindings": {"get": _op("bindings", {"200": _json(_list_of("Binding"), "list")})},
+    "/api/bindings/{vhost}": {"get": _op("bindings in a vhost",
+                                         {"200": _json(_list_of("Binding"), "list")}, ("vhost",))},
+    "/api/queues": {"get": _op("queues", {"200": _json(_list_of("Queue"), "list")})},
+    "/api/queues/{vhost}": {"get": _op("queues in a vhost",
+                                       {"200": _json(_list_of("Queue"), "list")}, ("vhost",))},
+    "/api/queues/{vhost}/{name}": {
+        "get": _op("one queue: type, members, leader, online members, counts, effective policy",
+                   {"200": _json(_ref("Queue"), "queue")}, VQ),
+        "put": _op("declare a queue", {"201": _NO_CONTENT, "204": _NO_CONTENT}, VQ,
+                   body="QueueDeclaration"),
+        "delete": _op("delete a queue", {"204": _NO_CONTENT}, VQ, query=[
+            _query_bool("if-empty", "refuse (400) when the queue holds messages"),
+            _query_bool("if-unused", "refuse (400) when the queue has consumers")]),
+    },
+    "/api/queues/{vhost}/{name}/contents": {"delete": _op("purge a queue", {"204": _NO_CONTENT},
+                                                          VQ, query=None)},
+    "/api/queues/{vhost}/{name}/quorum-status": {"get": _op(
+        "Raft status of every member", {"200": _json(_list_of("MemberStatus"), "members")}, VQ,
+        tag="quorum queues")},
+    "/api/queues/{vhost}/{name}/members": {"post": _op(
+        "add a member on a node", {"204": _NO_CONTENT}, VQ, body="AddMember",
+        tag="quorum queues")},
+    "/api/queues/{vhost}/{name}/members/{node}": {"delete": _op(
+        "remove the member on a node (refused when it would lose quorum, unless forced)",
+        {"204": _NO_CONTENT}, ("vhost", "name", "node"),
+        query=[_query_bool("force", "remove even when the remaining members lack quorum")],
+        tag="quorum queues")},
+    "/api/quorum-queues/grow": {"post": _long("add members on a node to matching queues", "Grow")},
+    "/api/quorum-queues/shrink": {"post": _long("remove members on a node", "Shrink")},
+    "/api/quorum-queues/rebalance": {"post": _long("spread leaders evenly", "Rebalance")},
+    **POLICY_PATHS,
+    "/api/health/checks/alarms": {"get": _op(
+        "503 when a resource alarm is in effect",
+        {"200": _json(_ref("Status"), "ok"), "503": _json(_ref("Status"), "alarms")})},
+    "/api/health/checks/node-is-quorum-critical": {"get": _op(
+        "503 when stopping the node would leave a quorum queue without quorum",
+        {"200": _json(_ref("Status"), "ok"), "503": _json(_ref("Status"), "critical queues")},
+        query=[{"name": "node", "in": "query", "required": False, "schema": {"type": "string"},
+                "description": "the node to check (default: this one)"}])},
+    "/api/health/live": {"get": _op("liveness probe", {"200": _json(_ref("Status"), "alive")},
+                                    public=True, tag="probes")},
+    "/api/health/ready": {"get": _op(
+        "readiness probe", {"200": _json(_ref("Status"), "ready"),
+                            "503": _json(_ref("Status"), "not ready")}, public=True, tag="probes")},
+    "/api/openapi.json": {"get": _op("this document", {"200": _json(_ANY_OBJ, "OpenAPI 3.0")},
+                                     public=True, tag="probes")},
+}
+
+
+@lru_cache(maxsize=1)
+def _document() -> dict[str, Any]:
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "quorumq management API", "version": "1.0.0",
+                 "description": "RabbitMQ management API paths and shapes where they exist, "
+                                "plus quorum-queue membership operations."},
+        "paths": PATHS,
+        "components": {"schemas": SCHEMAS,
+                       "securitySchemes": {"basic": {"type": "http", "scheme": "basic"}}},
+        "security": [{"basic": []}],
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the document (callers may mutate it)."""
+    return copy.deepcopy(_document())

@@ -1,0 +1,68 @@
+"""Start and stop the management API and metrics listeners of one node.
+
+Where it sits: called by `Node.start()` / `Node.stop()` (the runtime hands
+itself in; this package never imports it). Each listener runs only when its
+port is non-zero: `management.tcp.port` / `management.tcp.bind` and
+`prometheus.tcp.port` / `prometheus.tcp.bind`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from .api import make_app
+from .metrics import GroupSampler, make_registry, metrics_app
+
+log = logging.getLogger("broker.mgmt")
+
+
+class ManagementServers:
+    """The node's HTTP listeners. `management_port` / `metrics_port` are the
+    bound ports (0 when that listener is off)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self.management_port = 0
+        self.metrics_port = 0
+        self.sampler: GroupSampler | None = None
+        self._runners: list[web.AppRunner] = []
+
+    async def start(self) -> ManagementServers:
+        cfg = self.node.config
+        if cfg["management.tcp.port"]:
+            self.management_port = await self._serve(
+                make_app(self.node), cfg["management.tcp.bind"], cfg["management.tcp.port"])
+            log.info("node %s: management API on %s:%d", self.node.node_name,
+                     cfg["management.tcp.bind"], self.management_port)
+        if cfg["prometheus.tcp.port"]:
+            self.sampler = GroupSampler(self.node)
+            self.sampler.start()
+            registry = make_registry(self.node, self.sampler)
+            self.metrics_port = await self._serve(
+                metrics_app(self.node, registry), cfg["prometheus.tcp.bind"], cfg["prometheus.tcp.port"])
+            log.info("node %s: metrics on %s:%d", self.node.node_name,
+                     cfg["prometheus.tcp.bind"], self.metrics_port)
+        return self
+
+    async def _serve(self, app: web.Application, bind: str, port: int) -> int:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, bind, port, reuse_address=True)
+        await site.start()
+        self._runners.append(runner)
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def close(self) -> None:
+        if self.sampler is not None:
+            await self.sampler.close()
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+
+
+async def start_servers(node: Any) -> ManagementServers:
+    return await ManagementServers(node).start()
