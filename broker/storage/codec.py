@@ -32,7 +32,8 @@ REC_HEADER_SIZE = 4 + REC_REST.size  # 32
 REC_GROUP = 1  # defines group_ref -> group id (payload: UTF-8 id) within one WAL file
 REC_ENTRY = 2  # a log entry; flags = entry kind, payload = data
 REC_HARD_STATE = 3  # index = commit, term = term, flags bit0 = voted_for present
-REC_TYPES = frozenset({REC_GROUP, REC_ENTRY, REC_HARD_STATE})
+REC_DELETE = 4  # the group was deleted from this node: forget everything before
+REC_TYPES = frozenset({REC_GROUP, REC_ENTRY, REC_HARD_STATE, REC_DELETE})
 
 HS_HAS_VOTE = 0x01
 #: ENTRY record `reserved` bit: this entry starts a new log for its group

@@ -29,6 +29,7 @@ import fcntl
 import logging
 import os
 import queue
+import shutil
 import struct
 import threading
 import zlib
@@ -65,6 +66,9 @@ SEG_SUFFIX = ".segment"
 SNAP_SUFFIX = ".snapshot"
 CORRUPT_MARKER = "CORRUPT"
 GROUP_FILE = "GROUP"
+#: Random id of one incarnation of a group directory; a DELETE record names
+#: the incarnation it deletes, so a re-created group is not removed on replay.
+INCARNATION_FILE = "INCARNATION"
 
 
 # ------------------------------------------------------------------ helpers
@@ -102,7 +106,8 @@ class _SegReader:
 class _Pending:
     """One append/set_hard_state call queued for the WAL writer."""
 
-    __slots__ = ("group", "epoch", "parts", "nbytes", "last_entry", "hs", "hs_record", "barrier")
+    __slots__ = ("group", "epoch", "parts", "nbytes", "last_entry", "hs", "hs_record", "barrier",
+                 "ref", "error")
 
     def __init__(
         self,
@@ -114,8 +119,12 @@ class _Pending:
         hs: HardState | None,
         hs_record: bytes | None,
         barrier: threading.Event | None = None,
+        ref: int = 0,
     ) -> None:
+        #: group=None items are node-level: a sync() barrier, or a record for `ref`
         self.barrier = barrier
+        self.ref = ref
+        self.error: BaseException | None = None
         self.group = group
         self.epoch = epoch
         self.parts = parts
@@ -768,6 +777,7 @@ class LogManager:
         self._on_error = on_error
         self._do_sync = self.config.sync_method != "none"
         self._lock = threading.Lock()
+        self._delete_lock = threading.Lock()
         self._closed = False
         self._groups: dict[str, GroupLog] = {}
         self._refs: dict[str, int] = {}
@@ -787,6 +797,7 @@ class LogManager:
                       "rollovers": 0, "flushes": 0}
         self._recovered_hs: dict[str, HardState] = {}
         self._corrupt: dict[str, str] = {}
+        self._deleted: dict[str, bytes] = {}  # group -> incarnation a DELETE record names
         makedirs_durable(self._wal_dir)
         makedirs_durable(self._groups_dir)
         self._gen = 0
@@ -831,6 +842,8 @@ class LogManager:
         """Ids of every group with a directory on this node."""
         out = []
         for name in sorted(os.listdir(self._groups_dir)):
+            if name.startswith("."):
+                continue  # a deletion in progress
             try:
                 out.append(read_file(os.path.join(self._groups_dir, name, GROUP_FILE)).decode())
             except OSError:
@@ -843,8 +856,16 @@ class LogManager:
         makedirs_durable(os.path.join(path, "snapshots"))
         gfile = os.path.join(path, GROUP_FILE)
         if not os.path.exists(gfile):
+            inc = os.path.join(path, INCARNATION_FILE)
+            write_file_atomic(inc, [os.urandom(8).hex().encode()], self._do_sync)
             write_file_atomic(gfile, [group_id.encode("utf-8")], self._do_sync)
         return path
+
+    def _incarnation(self, group_id: str) -> bytes:
+        try:
+            return read_file(os.path.join(self.group_dir(group_id), INCARNATION_FILE))
+        except FileNotFoundError:
+            return b""
 
     # ----- recovery
     def _recover(self) -> None:
@@ -859,6 +880,13 @@ class LogManager:
         runs: dict[str, _Run] = {}
         for _seq, path in wal_files:
             self._replay(path, runs)
+        # finish deletions a crash interrupted (the DELETE record is durable)
+        for gid, inc in self._deleted.items():
+            if os.path.isdir(self.group_dir(gid)) and self._incarnation(gid) == inc:
+                self._remove_group_dir(gid)
+        for name in os.listdir(self._groups_dir):
+            if name.startswith(".deleted-"):
+                shutil.rmtree(os.path.join(self._groups_dir, name), ignore_errors=True)
         # flush recovered entries into segments so the old WAL files can go
         jobs = []
         for gid, run in runs.items():
@@ -915,6 +943,13 @@ class LogManager:
         gid = refs.get(rec.ref)
         if gid is None:
             return
+        if rec.rtype == codec.REC_DELETE:
+            runs.pop(gid, None)
+            self._recovered_hs.pop(gid, None)
+            self._corrupt.pop(gid, None)
+            self._deleted[gid] = rec.payload
+            return
+        self._deleted.pop(gid, None)
         if rec.rtype == codec.REC_HARD_STATE:
             vote = rec.payload.decode("utf-8") if rec.flags & codec.HS_HAS_VOTE else None
             self._recovered_hs[gid] = HardState(rec.term, vote, rec.index)
@@ -1125,6 +1160,48 @@ class LogManager:
         self._unlink_segments(path, dropped)
         return g
 
+    def delete_group(self, group_id: str) -> None:
+        """Remove a group from this node for good (queue deleted, member
+        removed): its log, segments, snapshots and hard state. Blocking: a
+        DELETE record is made durable in the WAL first (so replay forgets the
+        group's older records), then the directory is renamed away and removed.
+        Raises StorageIOError if the DELETE record cannot be written."""
+        path = self.group_dir(group_id)
+        with self._delete_lock:
+            done = threading.Event()
+            with self._lock:
+                if self._closed:
+                    raise GroupClosedError("LogManager is closed")
+                g = self._groups.pop(group_id, None)
+                if g is not None:
+                    g._closed = True
+                    g._failed = GroupClosedError(f"group {group_id!r} was deleted")
+                    for f in g._files:
+                        self._evict(f.path)
+                ref = self._ref_for(group_id)
+                self._hs_records.pop(ref, None)
+                self._recovered_hs.pop(group_id, None)
+                rec = codec.encode_record(
+                    codec.REC_DELETE, 0, ref, 0, 0, self._incarnation(group_id)
+                )
+                item = _Pending(None, 0, [rec], len(rec), None, None, None, done, ref)
+                self._enqueue(item)
+            done.wait()
+            if item.error is not None:
+                raise item.error
+            if os.path.isdir(path):
+                self._remove_group_dir(group_id)
+
+    def _remove_group_dir(self, group_id: str) -> None:
+        """Atomic rename out of the way (so no half-deleted group is ever seen), then rmtree."""
+        path = self.group_dir(group_id)
+        tomb = os.path.join(self._groups_dir, f".deleted-{os.path.basename(path)}-{os.getpid()}")
+        shutil.rmtree(tomb, ignore_errors=True)
+        os.rename(path, tomb)
+        if self._do_sync:
+            fsync_dir(self._groups_dir)
+        shutil.rmtree(tomb, ignore_errors=True)
+
     # ----- WAL writer thread
     def _enqueue(self, item: _Pending) -> None:
         """Lock held: FIFO order == generation order."""
@@ -1189,10 +1266,17 @@ class LogManager:
                 parts.append(rec)
         touched: dict[GroupLog, list[_Pending]] = {}
         barriers: list[threading.Event] = []
+        raw: list[_Pending] = []
         nrec = 0
         for item in batch:
             g = item.group
             if g is None:
+                if item.parts:  # a node-level record (DELETE) for item.ref
+                    if item.ref not in self._defined and item.ref not in new_refs:
+                        parts.append(self._def_records[item.ref])
+                        new_refs.add(item.ref)
+                    parts.extend(item.parts)
+                    raw.append(item)
                 if item.barrier is not None:
                     barriers.append(item.barrier)
                 continue
@@ -1208,7 +1292,9 @@ class LogManager:
         # barriers are released by the writer loop after any roll-over step
         self._barriers.extend(barriers)
         if parts:
-            self._write_parts(parts, new_refs, carry, nrec, touched)
+            err = self._write_parts(parts, new_refs, carry, nrec, touched)
+            for item in raw:
+                item.error = err
         elif carry:
             self._carry_done()
 
@@ -1219,14 +1305,13 @@ class LogManager:
         carry: bool,
         nrec: int,
         touched: dict[GroupLog, list[_Pending]],
-    ) -> None:
+    ) -> StorageIOError | None:
         buf = b"".join(parts)
         try:
             write_all(self._fd, buf, self._offset)
             _sync(self._fd, self.config.sync_method)
         except OSError as exc:
-            self._write_error(exc, touched)
-            return
+            return self._write_error(exc, touched)
         self._offset += len(buf)
         self._defined |= new_refs
         st = self.stats
@@ -1257,6 +1342,7 @@ class LogManager:
                     cb(g.group_id, index, term)
                 except Exception:
                     log.exception("storage: on_durable callback failed")
+        return None
 
     def _carry_done(self) -> None:
         """The new WAL holds every group's hard state: old WAL files may be flushed."""
@@ -1265,7 +1351,9 @@ class LogManager:
             self._flush_q.put(gen)
         self._pending_flush.clear()
 
-    def _write_error(self, exc: OSError, touched: dict[GroupLog, list[_Pending]]) -> None:
+    def _write_error(
+        self, exc: OSError, touched: dict[GroupLog, list[_Pending]]
+    ) -> StorageIOError:
         self.stats["write_errors"] += 1
         try:
             os.ftruncate(self._fd, self._offset)
@@ -1283,6 +1371,7 @@ class LogManager:
                     cb(g.group_id, err)
                 except Exception:
                     log.exception("storage: on_error callback failed")
+        return err
 
     def _rollover(self) -> None:
         """Start WAL gen+1; entries queued so far (gen) go into the old file,
@@ -1337,6 +1426,10 @@ class LogManager:
                         return
 
     def _flush_gen(self, gen: int) -> None:
+        with self._delete_lock:  # a group is never deleted while its WAL data is flushed
+            self._flush_gen_locked(gen)
+
+    def _flush_gen_locked(self, gen: int) -> None:
         with self._lock:
             groups = list(self._groups.values())
         todo: list[GroupLog] = []

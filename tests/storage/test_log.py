@@ -257,3 +257,47 @@ def test_callbacks_may_call_back_into_the_log(tmp_path: Path) -> None:
         log.append(entries("g", 1, 3, 1))
         m.sync()
         assert seen and seen[-1] == 2
+
+
+def test_delete_group_forgets_everything_and_survives_restart(tmp_path: Path) -> None:
+    cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        a, b = m.open_group("%2F/a"), m.open_group("b")
+        a.append(entries("a", 1, 30, 1))
+        a.set_hard_state(HardState(1, "n1", 10))
+        a.save_snapshot(5, 1, b"c", b"s")
+        b.append(entries("b", 1, 30, 1))
+        m.sync()
+        m.delete_group("%2F/a")
+        with pytest.raises(StorageError):
+            a.last_index()
+        assert m.group_ids() == ["b"]
+        fresh = m.open_group("%2F/a")  # the id can be reused: a new, empty log
+        assert (fresh.last_index(), fresh.hard_state(), fresh.latest_snapshot()) == (
+            0, HardState(), None)
+        fresh.append(entries("a", 1, 3, 7))
+    with manager(tmp_path, cfg) as m:
+        assert read_all(m.open_group("%2F/a")) == entries("a", 1, 3, 7)
+        assert m.open_group("%2F/a" + "x").last_index() == 0
+        assert read_all(m.open_group("b")) == entries("b", 1, 30, 1)
+
+
+class _CrashBeforeRemoving(LogManager):
+    """Simulates a crash right after the durable DELETE record."""
+
+    def _remove_group_dir(self, group_id: str) -> None:
+        return None
+
+
+def test_delete_interrupted_after_the_wal_record_is_finished_on_recovery(tmp_path: Path) -> None:
+    cfg = StorageConfig(wal_max_size_bytes=1 << 20, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        m.open_group("a").append(entries("a", 1, 30, 1))
+    m2 = _CrashBeforeRemoving(tmp_path, cfg)  # recovery moves a's entries into segments
+    m2.delete_group("a")
+    assert (tmp_path / "groups" / "a").is_dir()
+    m2.close()
+    with manager(tmp_path, cfg) as m:
+        assert not (tmp_path / "groups" / "a").exists()
+        assert m.group_ids() == []
+        assert m.open_group("a").last_index() == 0

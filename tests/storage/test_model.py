@@ -141,6 +141,12 @@ class StorageMachine(RuleBasedStateMachine):
         self.mgr.sync()
         assert self.mgr.wait_flushed(10)
 
+    @rule(g=st.sampled_from(GROUPS))
+    def delete_and_recreate(self, g: str) -> None:
+        self.mgr.delete_group(g)
+        self.models[g] = Model()
+        self.logs[g] = self.mgr.open_group(g)
+
     @rule()
     def restart(self) -> None:
         self.mgr.close()
