@@ -144,8 +144,6 @@ _RABBIT_STATE_NAME: Final = {
     ConnectionState.OPENING: "opening",
     ConnectionState.OPEN: "running",
 }
-# States waiting for the server's decision: input is left buffered meanwhile.
-_DECISION_STATES: Final = frozenset({ConnectionState.AUTHENTICATING, ConnectionState.OPENING})
 # Errors in these states close the socket silently (RabbitMQ's handshake_error).
 _SILENT_STATES: Final = frozenset(
     {ConnectionState.START_SENT, ConnectionState.AUTHENTICATING, ConnectionState.TUNE_SENT}
@@ -166,6 +164,7 @@ _BODY: Final = 2  # after the header, expecting `remaining` more body bytes
 _CH_OPEN: Final = ChannelState.OPEN
 _CH_CLOSING: Final = ChannelState.CLOSING
 _AWAIT_HEADER: Final = ConnectionState.AWAIT_HEADER
+_OPEN: Final = ConnectionState.OPEN
 _FRAME_HDR_UNPACK: Final = FRAME_HDR.unpack_from
 
 
@@ -351,9 +350,14 @@ class ServerConnection:
         while True:
             if events:
                 return events.popleft()
-            if self._state is ConnectionState.CLOSED:
+            state = self._state
+            if state is _OPEN:  # hot path: no further state checks
+                if not self._step():
+                    return NEED_DATA
+                continue
+            if state is ConnectionState.CLOSED:
                 return CLOSED
-            if self._state in _DECISION_STATES:
+            if state is ConnectionState.AUTHENTICATING or state is ConnectionState.OPENING:
                 return PAUSED
             if not self._step():
                 return NEED_DATA

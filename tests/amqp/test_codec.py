@@ -8,7 +8,7 @@ import decimal
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import body as pbody
 from pamqp import commands as C
@@ -231,6 +231,7 @@ def test_table_decoding_is_linear_in_entries() -> None:
     assert d.arguments == {chr(97 + i): None for i in range(26)}
 
 
+@settings(max_examples=60)
 @given(st.dictionaries(
     st.text(min_size=1, max_size=8),
     st.recursive(

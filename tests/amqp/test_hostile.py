@@ -88,7 +88,7 @@ def test_random_bytes_on_an_open_connection(data: bytes, cuts: list[int]) -> Non
     check_outcome(c.conn, events, out)
 
 
-@settings(max_examples=400)
+@settings(max_examples=250)
 @given(
     st.lists(st.tuples(st.integers(0, len(VALID_SESSION) - 1), st.integers(0, 255)), min_size=1, max_size=4),
     st.lists(st.integers(0, len(VALID_SESSION)), max_size=8),
