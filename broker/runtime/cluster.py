@@ -265,8 +265,15 @@ class Cluster:
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
                 reply("error", str(f.exception()))
+                return
+            result = f.result()
+            if isinstance(result, qm.Dequeued):
+                # basic.get from a node that may hold no replica: send the body along
+                q = self.node.queue(vhost, queue)
+                body = list(q.message(result.raft_index)) if q is not None else None
+                reply("ok", ["dqb", encode_reply(result), body])
             else:
-                reply("ok", encode_reply(f.result()))
+                reply("ok", encode_reply(result))
         fut.add_done_callback(done)
 
     def _on_reply(self, req_id: int, status: str, value: Any) -> None:
@@ -275,6 +282,13 @@ class Cluster:
             return
         if status == "ok":
             self._finish(req)
+            if isinstance(value, list) and value and value[0] == "dqb":
+                result = decode_reply(value[1])
+                q = self.node.queue(req.vhost, req.queue)
+                if q is not None and value[2] is not None:
+                    q._remember(result.raft_index, tuple(value[2]))
+                req.future.set_result(result)
+                return
             req.future.set_result(decode_reply(value))
         elif status == "not_leader":
             pass  # the retry loop re-sends the queue's requests, in order, to the new leader

@@ -332,7 +332,8 @@ class QuorumQueue(QueueProcess):
 
     def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig,
                  glog: st.GroupLog, members: list[str], raft_config: RaftConfig,
-                 on_role_change: Callable[[QuorumQueue], None] | None = None) -> None:
+                 on_role_change: Callable[[QuorumQueue], None] | None = None,
+                 learner: bool = False) -> None:
         super().__init__(host, vhost, name, config)
         self.glog = glog
         self._on_role = on_role_change
@@ -343,7 +344,8 @@ class QuorumQueue(QueueProcess):
             applied = snap.meta.index
         self.group = RaftGroup(
             glog.group_id, host.node_name, glog,
-            Membership(frozenset(NodeId(m) for m in members)),
+            Membership(frozenset(NodeId(m) for m in members),
+                       frozenset({NodeId(host.node_name)}) if learner else frozenset()),
             self._apply_payload, host.send_raft, raft_config=raft_config,
             on_role_change=self._role_changed, on_snapshot=self._install_snapshot,
             applied=applied,

@@ -238,6 +238,14 @@ class RaftGroup:
         self._kick()
         return fut
 
+    def propose_conf(self, cc: Any) -> asyncio.Future[Any]:
+        """Propose a membership change; the future resolves once it is applied."""
+        index = self.node.propose_conf_change(cc)
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._waiters[index] = (self.node.term, fut)
+        self._kick()
+        return fut
+
     def propose_indexed(self, payload: Any) -> tuple[int, asyncio.Future[Any]]:
         """Like propose, also returning the entry's index."""
         fut = self.propose(payload)

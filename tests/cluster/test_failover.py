@@ -42,7 +42,7 @@ class Consumer(threading.Thread):
             conn = _conn(self.port)
             ch = conn.channel()
             ch.basic_qos(prefetch_count=50)
-            for method, props, body in ch.consume(self.queue, inactivity_timeout=0.2):
+            for method, _props, body in ch.consume(self.queue, inactivity_timeout=0.2):
                 if self.stop.is_set():
                     break
                 if method is None:

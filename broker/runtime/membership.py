@@ -1,0 +1,304 @@
+"""Quorum-queue membership operations: add/delete member, grow, shrink,
+rebalance leaders, drain a node, quorum status and quorum-critical checks.
+
+Where it sits: called by the management API and the CLI (through it) as
+`node.membership`. Raft changes are single-server changes proposed on the
+queue's leader (forwarded there with the cluster's ordered requests): a new
+member joins as a non-voting learner and the leader promotes it once it has
+caught up; the metadata record's member list is updated after the Raft
+change commits, which makes the joining node start (or the leaving node stop)
+its local member.
+
+Every refusal raises `MembershipError(status, reason)` with an HTTP status.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker import metadata as md
+
+if TYPE_CHECKING:
+    from .node import Node
+
+Progress = Callable[[dict[str, Any]], None] | None
+PROMOTION_TIMEOUT_S = 60.0
+
+
+class MembershipError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _quorum(n: int) -> int:
+    return n // 2 + 1
+
+
+class Membership:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    # ------------------------------------------------------------ helpers
+    def _record(self, vhost: str, queue: str) -> md.QueueRecord:
+        r = self.node.queue_record(vhost, queue)
+        if r is None:
+            raise MembershipError(404, f"no queue '{queue}' in vhost '{vhost}'")
+        if r.type != "quorum":
+            raise MembershipError(400, f"queue '{queue}' in vhost '{vhost}' is not a quorum queue")
+        return r
+
+    def _cluster_nodes(self) -> list[str]:
+        c = self.node.cluster
+        return list(c.members) if c is not None else [self.node.node_name]
+
+    def _online(self, name: str) -> bool:
+        c = self.node.cluster
+        return name == self.node.node_name or (c is not None and c.transport.is_connected(name))
+
+    async def _leader_call(self, vhost: str, queue: str, payload: list[Any], timeout: float = 30.0) -> Any:
+        """Run a control payload on the queue's leader (here or forwarded)."""
+        node = self.node
+        deadline = time.monotonic() + timeout
+        while True:
+            leader = node.queue_leader(vhost, queue)
+            try:
+                if leader == node.node_name:
+                    return await node.submit_as_leader(vhost, queue, payload)
+                if leader:
+                    return await asyncio.wait_for(node.forward(leader, vhost, queue, payload),
+                                                  max(0.1, deadline - time.monotonic()))
+            except MembershipError:
+                raise
+            except TimeoutError:
+                raise MembershipError(504, f"queue '{queue}' in vhost '{vhost}': the leader did not "
+                                           f"answer within {timeout:.0f}s") from None
+            except Exception as exc:  # not leader any more / change in progress: retry
+                if time.monotonic() > deadline:
+                    raise MembershipError(503, f"queue '{queue}' in vhost '{vhost}': {exc}") from None
+            if time.monotonic() > deadline:
+                raise MembershipError(503, f"queue '{queue}' in vhost '{vhost}' has no leader")
+            await asyncio.sleep(0.1)
+
+    async def _set_members(self, r: md.QueueRecord, members: tuple[str, ...]) -> None:
+        reply = await self.node.meta_execute(md.SetQueueMembers(
+            r.vhost, r.name, tuple(md.NodeName(m) for m in members)))
+        if isinstance(reply, md.MetadataError):
+            raise MembershipError(400, reply.text)
+
+    # ------------------------------------------------------------ single queue
+    async def add_member(self, vhost: str, queue: str, node_name: str) -> None:
+        r = self._record(vhost, queue)
+        if node_name not in self._cluster_nodes():
+            raise MembershipError(400, f"node '{node_name}' is not a member of this cluster")
+        if node_name in r.members:
+            raise MembershipError(400, f"node '{node_name}' is already a member of queue '{queue}' "
+                                       f"in vhost '{vhost}'")
+        result = await self._leader_call(vhost, queue, ["M", "add", node_name])
+        if isinstance(result, str) and result.startswith("error:"):
+            raise MembershipError(400, result[6:].strip())
+        await self._set_members(r, (*r.members, node_name))
+        await self._await_voter(vhost, queue, node_name)
+
+    async def _await_voter(self, vhost: str, queue: str, node_name: str) -> None:
+        """The leader promotes the learner once caught up; wait for that."""
+        deadline = time.monotonic() + PROMOTION_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = await self.quorum_status(vhost, queue)
+            for m in status:
+                if m["node"] == node_name and m.get("voter"):
+                    return
+            await asyncio.sleep(0.1)
+        raise MembershipError(504, f"node '{node_name}' joined queue '{queue}' as a learner but was "
+                                   f"not promoted within {PROMOTION_TIMEOUT_S:.0f}s")
+
+    async def delete_member(self, vhost: str, queue: str, node_name: str, force: bool = False) -> None:
+        r = self._record(vhost, queue)
+        if node_name not in r.members:
+            raise MembershipError(404, f"node '{node_name}' is not a member of queue '{queue}' in "
+                                       f"vhost '{vhost}'")
+        if len(r.members) == 1:
+            raise MembershipError(400, f"cannot delete the last member of queue '{queue}' in vhost "
+                                       f"'{vhost}'")
+        remaining = [m for m in r.members if m != node_name]
+        online = [m for m in remaining if self._online(m)]
+        if not force and len(online) < _quorum(len(remaining)):
+            raise MembershipError(409, f"deleting member '{node_name}' would leave queue '{queue}' in "
+                                       f"vhost '{vhost}' without an online quorum "
+                                       f"({len(online)} of {len(remaining)} online); use force")
+        result = await self._leader_call(vhost, queue, ["M", "remove", node_name])
+        if isinstance(result, str) and result.startswith("error:"):
+            raise MembershipError(400, result[6:].strip())
+        await self._set_members(r, tuple(remaining))
+
+    async def transfer_leader(self, vhost: str, queue: str, target: str) -> None:
+        r = self._record(vhost, queue)
+        if target not in r.members:
+            raise MembershipError(400, f"node '{target}' is not a member of queue '{queue}'")
+        if self.node.queue_leader(vhost, queue) == target:
+            return
+        result = await self._leader_call(vhost, queue, ["M", "transfer", target])
+        if isinstance(result, str) and result.startswith("error:"):
+            raise MembershipError(409, result[6:].strip())
+        deadline = time.monotonic() + 10
+        while self.node.queue_leader(vhost, queue) != target:
+            if time.monotonic() > deadline:
+                raise MembershipError(504, f"leadership of '{queue}' did not move to '{target}'")
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------ many queues
+    def _matching(self, vhost_pattern: str, queue_pattern: str) -> list[md.QueueRecord]:
+        try:
+            vre, qre = re.compile(vhost_pattern), re.compile(queue_pattern)
+        except re.error as exc:
+            raise MembershipError(400, f"invalid pattern: {exc}") from None
+        return sorted((r for r in self.node.meta.state.queues.values()
+                       if r.type == "quorum" and vre.search(r.vhost) and qre.search(r.name)),
+                      key=lambda r: (r.vhost, r.name))
+
+    async def _each(self, records: list[md.QueueRecord], op: Callable[[md.QueueRecord], Any],
+                    progress: Progress) -> list[dict[str, Any]]:
+        results = []
+        for i, r in enumerate(records, 1):
+            try:
+                await op(r)
+                item = {"vhost": r.vhost, "name": r.name, "result": "ok"}
+            except MembershipError as exc:
+                item = {"vhost": r.vhost, "name": r.name, "result": "error", "reason": exc.reason}
+            item["done"], item["total"] = i, len(records)
+            results.append(item)
+            if progress is not None:
+                progress(item)
+        return results
+
+    async def grow(self, node_name: str, strategy: str = "all", vhost_pattern: str = ".*",
+                   queue_pattern: str = ".*", progress: Progress = None) -> list[dict[str, Any]]:
+        if strategy not in ("all", "even"):
+            raise MembershipError(400, f"strategy must be 'all' or 'even', got '{strategy}'")
+        if node_name not in self._cluster_nodes():
+            raise MembershipError(400, f"node '{node_name}' is not a member of this cluster")
+        todo = [r for r in self._matching(vhost_pattern, queue_pattern)
+                if node_name not in r.members and (strategy == "all" or len(r.members) % 2 == 0)]
+        return await self._each(todo, lambda r: self.add_member(r.vhost, r.name, node_name), progress)
+
+    async def shrink(self, node_name: str, errors_only: bool = False,
+                     progress: Progress = None) -> list[dict[str, Any]]:
+        todo = [r for r in self._matching(".*", ".*") if node_name in r.members]
+        results = await self._each(todo, lambda r: self.delete_member(r.vhost, r.name, node_name),
+                                   progress)
+        return [x for x in results if x["result"] != "ok"] if errors_only else results
+
+    async def rebalance(self, vhost_pattern: str = ".*", queue_pattern: str = ".*",
+                        progress: Progress = None) -> list[dict[str, Any]]:
+        """Move leaders so every node leads about the same number of the
+        matching queues (only onto online members)."""
+        records = self._matching(vhost_pattern, queue_pattern)
+        nodes = [n for n in self._cluster_nodes() if self._online(n)]
+        if not nodes:
+            return []
+        counts = {n: 0 for n in nodes}
+        for r in records:
+            lead = self.node.queue_leader(r.vhost, r.name)
+            if lead in counts:
+                counts[lead] += 1
+        target = -(-len(records) // len(nodes))  # ceil
+
+        async def move(r: md.QueueRecord) -> None:
+            lead = self.node.queue_leader(r.vhost, r.name)
+            if lead in counts and counts[lead] <= target and counts[lead] <= min(counts.values()) + 1:
+                return
+            candidates = sorted((m for m in r.members if m in counts and m != lead),
+                                key=lambda m: (counts[m], m))
+            if not candidates or (lead in counts and counts[candidates[0]] + 1 > counts[lead] - 1
+                                  and counts[lead] <= target):
+                return
+            dest = candidates[0]
+            await self.transfer_leader(r.vhost, r.name, dest)
+            if lead in counts:
+                counts[lead] -= 1
+            counts[dest] += 1
+        return await self._each(records, move, progress)
+
+    async def drain(self, node_name: str, progress: Progress = None) -> list[dict[str, Any]]:
+        """Move every member (and leader) off `node_name`: add a member on the
+        least loaded other node that has none, then delete the one here."""
+        others = [n for n in self._cluster_nodes() if n != node_name and self._online(n)]
+
+        async def move(r: md.QueueRecord) -> None:
+            if self.node.queue_leader(r.vhost, r.name) == node_name:
+                voters = [m for m in r.members if m != node_name and m in others]
+                if voters:
+                    await self.transfer_leader(r.vhost, r.name, voters[0])
+            spare = [n for n in others if n not in r.members]
+            if spare:
+                load = {n: sum(n in q.members for q in self.node.meta.state.queues.values()) for n in spare}
+                await self.add_member(r.vhost, r.name, min(spare, key=lambda n: (load[n], n)))
+            await self.delete_member(r.vhost, r.name, node_name)
+        todo = [r for r in self._matching(".*", ".*") if node_name in r.members]
+        return await self._each(todo, move, progress)
+
+    # ------------------------------------------------------------ status
+    async def quorum_status(self, vhost: str, queue: str) -> list[dict[str, Any]]:
+        self._record(vhost, queue)
+        result = await self._leader_call(vhost, queue, ["M", "status"])
+        if not isinstance(result, list):
+            raise MembershipError(503, f"no status for queue '{queue}': {result}")
+        return result
+
+    def quorum_critical(self, node_name: str) -> list[tuple[str, str]]:
+        out = []
+        for r in self.node.meta.state.queues.values():
+            if r.type != "quorum" or node_name not in r.members:
+                continue
+            online = [m for m in r.members if self._online(m) and m != node_name]
+            if len(online) < _quorum(len(r.members)):
+                out.append((r.vhost, r.name))
+        return sorted(out)
+
+    async def queue_overview(self, vhost: str, queue: str) -> dict[str, Any]:
+        q = self.node.queue(vhost, queue)
+        if q is not None and q.kind == "classic":
+            return q.overview()
+        if q is not None and hasattr(q, "group") and q.is_leader:
+            return q.overview()
+        result = await self._leader_call(vhost, queue, ["M", "overview"])
+        return result if isinstance(result, dict) else {}
+
+
+def control(q: Any, payload: list[Any]) -> Any:
+    """Run a membership control payload on the leader's queue process; the
+    result is msgpack-friendly. Called by Node.submit_as_leader."""
+    from broker.raft import ConfChange, ConfChangeKind, NodeId, RaftError
+
+    op = payload[1]
+    g = q.group
+    if op == "status":
+        st = g.node.status()
+        members = []
+        for name in sorted(set(st.config.voters) | set(st.config.learners)):
+            pr = st.progress.get(name)
+            members.append({
+                "node": name, "voter": name in st.config.voters,
+                "raft_state": "leader" if name == st.id else ("follower" if name in st.config.voters else "learner"),
+                "term": st.term, "commit_index": st.commit, "last_applied": st.applied if name == st.id else None,
+                "match_index": pr.match if pr is not None else None,
+                "online": pr.recent_active if pr is not None and name != st.id else True,
+            })
+        return members
+    if op == "overview":
+        return q.overview()
+    try:
+        if op == "transfer":
+            g.node.transfer_leadership(payload[2])
+            g._kick()
+            return "ok"
+        kind = {"add": ConfChangeKind.ADD_LEARNER, "remove": ConfChangeKind.REMOVE}[op]
+        return g.propose_conf(ConfChange(kind, NodeId(payload[2])))
+    except RaftError as exc:
+        if "uncommitted" in str(exc) or "in progress" in str(exc):
+            raise RuntimeError(str(exc)) from None  # transient: the caller retries
+        return f"error: {exc}"

@@ -1,0 +1,129 @@
+"""Membership operations on a real 3-node cluster running in this process
+(three `Node`s in one event loop: real sockets, real storage, real Raft), so
+the test can call `node.membership` directly. Clients are aio-pika.
+
+Covers add member (learner then promoted), grow onto a node, quorum status,
+leader transfer and rebalance, the quorum-critical check, delete member with
+its quorum refusal (and force), shrink, drain; and that no message is lost."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from broker.common.config import load_config
+from broker.runtime.membership import MembershipError
+from broker.runtime.node import Node
+from tests.e2e.broker_proc import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def nodes(tmp_path: Path) -> AsyncIterator[list[Node]]:
+    secret = tmp_path / "secret"
+    secret.write_text("membership-test-secret-012345\n")
+    cports = [free_port() for _ in range(3)]
+    names = [f"m-{i}@127.0.0.1" for i in range(3)]
+    seeds = ",".join(f"{n}:{p}" for n, p in zip(names, cports, strict=True))
+    ns = []
+    for i in range(3):
+        cfg = load_config("", {
+            "QQ__NODE__NAME": names[i], "QQ__NODE__DATA_DIR": str(tmp_path / f"n{i}"),
+            "QQ__LISTENERS__TCP__DEFAULT": str(free_port()), "QQ__LISTENERS__TCP__BIND": "127.0.0.1",
+            "QQ__CLUSTER__PORT": str(cports[i]), "QQ__CLUSTER__BIND": "127.0.0.1",
+            "QQ__CLUSTER__SECRET_FILE": str(secret), "QQ__CLUSTER__SEEDS": seeds,
+            "QQ__MANAGEMENT__TCP__PORT": "0", "QQ__PROMETHEUS__TCP__PORT": "0",
+        })
+        ns.append(Node(cfg))
+    await asyncio.gather(*(n.start() for n in ns))
+    yield ns
+    for n in ns:
+        await n.stop()
+
+
+async def _until(cond, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    async def loop() -> None:
+        while not cond():
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(loop(), timeout)
+
+
+async def test_membership_operations(nodes: list[Node]) -> None:
+    n0, n1, n2 = nodes
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n0.port}/")
+    ch = await conn.channel(publisher_confirms=True)
+    for q in ("m1", "m2", "m3"):
+        await ch.declare_queue(q, durable=True, arguments={"x-queue-type": "quorum",
+                                                          "x-quorum-initial-group-size": 1})
+        for i in range(20):
+            await ch.default_exchange.publish(aio_pika.Message(f"{q}-{i}".encode()), routing_key=q)
+    m = n0.membership
+
+    # add a member: it joins as a learner and is promoted once caught up
+    await m.add_member("/", "m1", n1.node_name)
+    status = await m.quorum_status("/", "m1")
+    assert {s["node"] for s in status if s["voter"]} == {n0.node_name, n1.node_name}
+    await _until(lambda: ("/", "m1") in n1.queues and n1.queues[("/", "m1")].overview()["messages_ready"] == 20)
+    with pytest.raises(MembershipError) as err:
+        await m.add_member("/", "m1", n1.node_name)
+    assert err.value.status == 400 and "already a member" in err.value.reason
+    with pytest.raises(MembershipError) as err:
+        await m.add_member("/", "nope", n1.node_name)
+    assert err.value.status == 404
+
+    # grow every queue onto n2 (strategy all), with progress reports
+    seen = []
+    results = await m.grow(n2.node_name, "all", progress=seen.append)
+    assert [r["result"] for r in results] == ["ok"] * 3 and len(seen) == 3
+    assert all(n2.node_name in r.members for r in n0.meta.state.queues.values())
+
+    # rebalance: all three queues are led by n0; afterwards each node leads one
+    results = await m.rebalance()
+    await _until(lambda: len({n0.queue_leader("/", q) for q in ("m1", "m2", "m3")}) == 3)
+
+    # quorum-critical: m2 and m3 have two members (n0, n2): without n0 they lose quorum
+    assert m.quorum_critical(n0.node_name) == [("/", "m2"), ("/", "m3")]
+
+    # delete a member: refused when the rest would have no online quorum, unless forced
+    cfg2 = n2.config
+    await n2.stop()
+    await _until(lambda: not n0.cluster.transport.is_connected(n2.node_name))
+    with pytest.raises(MembershipError) as err:
+        await m.delete_member("/", "m1", n1.node_name)
+    assert err.value.status == 409 and "online quorum" in err.value.reason
+    await m.delete_member("/", "m1", n1.node_name, force=True)
+    assert n0.queue_record("/", "m1").members == (n0.node_name, n2.node_name)
+
+    # n2 restarts with its data and rejoins as itself
+    n2 = Node(cfg2)
+    nodes[2] = n2
+    await n2.start()
+
+    # shrink n2 off every queue, then drain n0: its members move to n1 and n2
+    results = await m.shrink(n2.node_name)
+    assert all(r["result"] == "ok" for r in results), results
+    assert not any(n2.node_name in r.members for r in n0.meta.state.queues.values())
+    results = await m.drain(n0.node_name)
+    assert all(r["result"] == "ok" for r in results), results
+    for r in n1.meta.state.queues.values():
+        assert len(r.members) == 1 and n0.node_name not in r.members, r
+        await _until(lambda r=r: n1.queue_leader(r.vhost, r.name) in r.members)
+
+    # every confirmed message is still there (read through n1)
+    conn2 = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n1.port}/")
+    ch2 = await conn2.channel()
+    for q in ("m1", "m2", "m3"):
+        queue = await ch2.declare_queue(q, passive=True)
+        got = []
+        while len(got) < 20:
+            msg = await queue.get(timeout=10, fail=False)
+            assert msg is not None, f"{q}: only {len(got)} messages"
+            got.append(msg.body)
+            await msg.ack()
+        assert got == [f"{q}-{i}".encode() for i in range(20)]
+    await conn2.close()
+    await conn.close()
