@@ -1166,6 +1166,8 @@ class LogManager:
         DELETE record is made durable in the WAL first (so replay forgets the
         group's older records), then the directory is renamed away and removed.
         Raises StorageIOError if the DELETE record cannot be written."""
+        if threading.current_thread() is self._writer:
+            raise StorageError("delete_group() called from a callback would deadlock")
         path = self.group_dir(group_id)
         with self._delete_lock:
             done = threading.Event()
@@ -1474,6 +1476,8 @@ class LogManager:
 
     def sync(self, timeout: float | None = None) -> None:
         """Block until everything queued so far is written and fsynced (or failed)."""
+        if threading.current_thread() is self._writer:
+            raise StorageError("sync() called from an on_durable/on_error callback would deadlock")
         done = threading.Event()
         with self._lock:
             if self._closed:

@@ -301,3 +301,21 @@ def test_delete_interrupted_after_the_wal_record_is_finished_on_recovery(tmp_pat
         assert not (tmp_path / "groups" / "a").exists()
         assert m.group_ids() == []
         assert m.open_group("a").last_index() == 0
+
+
+def test_sync_from_a_callback_is_refused_not_a_deadlock(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+
+    def on_durable(group: str, index: int, term: int) -> None:
+        try:
+            box[0].sync()
+        except StorageError as exc:
+            errors.append(exc)
+
+    box: list[LogManager] = []
+    with manager(tmp_path, StorageConfig()) as m:
+        box.append(m)
+        log = m.open_group("g", on_durable=on_durable)
+        log.append(entries("g", 1, 2, 1))
+        m.sync()
+        assert errors and "deadlock" in str(errors[0])
