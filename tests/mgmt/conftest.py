@@ -94,8 +94,8 @@ def metric(text: str, name: str, **labels: str) -> float | None:
 
 
 class MgmtCluster(Cluster):
-    def __init__(self, base: Path) -> None:
-        super().__init__(base)
+    def __init__(self, base: Path, extra: str = "") -> None:
+        super().__init__(base, extra=extra)
         for n in self.nodes:
             n.management_port = free_port()
             n.metrics_port = free_port()
@@ -108,6 +108,37 @@ class MgmtCluster(Cluster):
 @pytest.fixture(scope="module")
 def mgmt_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtCluster]:
     c = MgmtCluster(tmp_path_factory.mktemp("mgmt"))
+    c.start()
+    yield c
+    c.kill_all()
+
+
+DEFINITIONS = {
+    "vhosts": [{"name": "/"}, {"name": "other"}],
+    "users": [
+        {"name": "guest", "password": "guest", "tags": ["administrator"]},
+        {"name": "monitor", "password": "pw", "tags": ["monitoring"]},
+        {"name": "mgr", "password": "pw", "tags": ["management"]},
+        {"name": "pm", "password": "pw", "tags": ["policymaker"]},
+        {"name": "plain", "password": "pw", "tags": []},
+    ],
+    "permissions": [
+        {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
+        {"user": "guest", "vhost": "other", "configure": ".*", "write": ".*", "read": ".*"},
+        {"user": "mgr", "vhost": "/", "configure": "^mgr-", "write": ".*", "read": ".*"},
+        {"user": "pm", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
+        {"user": "plain", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def defs_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtCluster]:
+    """The cluster, created from DEFINITIONS (users with each management tag)."""
+    base = tmp_path_factory.mktemp("mgmt-defs")
+    path = base / "definitions.json"
+    path.write_text(json.dumps(DEFINITIONS))
+    c = MgmtCluster(base / "c", extra=f"load_definitions = {path}\nloopback_users = none\n")
     c.start()
     yield c
     c.kill_all()

@@ -1,0 +1,414 @@
+"""`qqctl`: the operator's command line over the management HTTP API.
+
+Where it sits: outside the broker process; it speaks only HTTP to one node's
+management API (`broker.mgmt`), so it works against any node of a cluster,
+local or in Kubernetes (`kubectl port-forward`). Command names follow
+`rabbitmq-queues` / `rabbitmqctl`.
+
+Connection settings: `--url` (env QQCTL_URL, default http://localhost:15672),
+`--user` (QQCTL_USER, guest), `--password` (QQCTL_PASSWORD, guest).
+Output: aligned tables by default, `--json` for scripts. Long operations
+(grow, shrink, rebalance, drain) stream progress lines to stderr.
+
+Exit codes: 0 success; 1 the broker refused or an operation failed (the
+message says why); 2 bad usage; 69 the broker is unreachable or a health
+check failed (EX_UNAVAILABLE); 75 a wait timed out (EX_TEMPFAIL).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TextIO
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+EXIT_TIMEOUT = 75
+
+
+class CliError(Exception):
+    """A failure reported to the user as `qqctl: <message>` with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- HTTP client
+class Client:
+    def __init__(self, url: str, user: str, password: str, timeout: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.auth = f"Basic {token}"
+        self.timeout = timeout
+
+    def _open(self, method: str, path: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", self.auth)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise _http_error(exc.code, exc.read()) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise CliError(f"cannot reach the management API at {self.url}: {reason}",
+                           EXIT_UNAVAILABLE) from None
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        with self._open(method, path, body) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw.strip() else None
+
+    def status(self, path: str) -> tuple[int, Any]:
+        """GET that returns (status, body) for 2xx and 503 (health checks)."""
+        try:
+            return 200, self.call("GET", path)
+        except CliError as exc:
+            if getattr(exc, "http_status", None) == 503:
+                return 503, getattr(exc, "body", None)
+            raise
+
+    def stream(self, path: str, body: Any) -> Iterator[dict[str, Any]]:
+        """POST returning NDJSON lines (progress, then result or error)."""
+        sep = "&" if "?" in path else "?"
+        with self._open("POST", path + sep + "progress=true", body) as resp:
+            for line in resp:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def _http_error(status: int, raw: bytes) -> CliError:
+    try:
+        body = json.loads(raw)
+        reason = body.get("reason") or body.get("error") or raw.decode()
+    except (ValueError, AttributeError):
+        body, reason = None, raw.decode(errors="replace") or "no reason given"
+    hint = {401: " (check --user/--password)", 403: " (the user lacks the needed tag)"}.get(status, "")
+    err = CliError(f"{reason}{hint} (HTTP {status})",
+                   EXIT_UNAVAILABLE if status in (502, 503, 504) else EXIT_REFUSED)
+    err.http_status = status  # type: ignore[attr-defined]
+    err.body = body  # type: ignore[attr-defined]
+    return err
+
+
+def q(s: str) -> str:
+    return urllib.parse.quote(s, safe="")
+
+
+# ---------------------------------------------------------------- output
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], out: TextIO) -> None:
+    def cell(v: Any) -> str:
+        if isinstance(v, list):
+            return ",".join(str(x) for x in v)
+        if v is None:
+            return ""
+        return str(v)
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    out.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip() + "\n")
+    for row in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+class Output:
+    def __init__(self, as_json: bool, out: TextIO, err: TextIO) -> None:
+        self.as_json = as_json
+        self.out = out
+        self.err = err
+
+    def rows(self, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+        if self.as_json:
+            self.out.write(json.dumps(list(rows), indent=2) + "\n")
+        elif rows:
+            table(rows, columns, self.out)
+        else:
+            self.out.write("(none)\n")
+
+    def message(self, text: str, data: Any = None) -> None:
+        if self.as_json:
+            self.out.write(json.dumps(data if data is not None else {"result": "ok",
+                                                                     "message": text}) + "\n")
+        else:
+            self.out.write(text + "\n")
+
+
+# ---------------------------------------------------------------- commands
+QUEUE_COLUMNS = ("vhost", "name", "type", "leader", "members", "online", "messages_ready",
+                 "messages_unacknowledged", "consumers", "policy")
+
+
+def cmd_list_queues(c: Client, o: Output, a: argparse.Namespace) -> int:
+    path = "/api/queues" + (f"/{q(a.vhost)}" if a.vhost else "")
+    rows = c.call("GET", path)
+    columns = a.columns.split(",") if a.columns else QUEUE_COLUMNS
+    o.rows(rows, columns)
+    return EXIT_OK
+
+
+def cmd_quorum_status(c: Client, o: Output, a: argparse.Namespace) -> int:
+    rows = c.call("GET", f"/api/queues/{q(a.vhost)}/{q(a.queue)}/quorum-status")
+    o.rows(rows, ("node", "raft_state", "voter", "term", "commit_index", "last_applied",
+                  "match_index", "online"))
+    return EXIT_OK
+
+
+def cmd_add_member(c: Client, o: Output, a: argparse.Namespace) -> int:
+    c.call("POST", f"/api/queues/{q(a.vhost)}/{q(a.queue)}/members", {"node": a.node})
+    o.message(f"added a member on {a.node} to queue '{a.queue}' in vhost '{a.vhost}'")
+    return EXIT_OK
+
+
+def cmd_delete_member(c: Client, o: Output, a: argparse.Namespace) -> int:
+    suffix = "?force=true" if a.force else ""
+    c.call("DELETE", f"/api/queues/{q(a.vhost)}/{q(a.queue)}/members/{q(a.node)}{suffix}")
+    o.message(f"deleted the member on {a.node} from queue '{a.queue}' in vhost '{a.vhost}'")
+    return EXIT_OK
+
+
+def _long(c: Client, o: Output, path: str, body: dict[str, Any], what: str) -> int:
+    result: list[dict[str, Any]] | None = None
+    for line in c.stream(path, body):
+        if "progress" in line:
+            p = line["progress"]
+            extra = f": {p['reason']}" if p.get("reason") else ""
+            o.err.write(f"[{p.get('done', '?')}/{p.get('total', '?')}] {p.get('vhost', '')}/"
+                        f"{p.get('name', '')}: {p.get('result', '')}{extra}\n")
+            o.err.flush()
+        elif "result" in line:
+            result = line["result"]
+        elif "error" in line:
+            raise CliError(f"{line.get('reason', line['error'])} (HTTP {line.get('status', '?')})")
+    if result is None:
+        raise CliError(f"{what}: the broker closed the stream without a result", EXIT_UNAVAILABLE)
+    o.rows(result, ("vhost", "name", "result", "reason"))
+    failed = [r for r in result if r.get("result") not in ("ok", None)]
+    if failed and not body.get("errors_only"):
+        o.err.write(f"qqctl: {what}: {len(failed)} of {len(result)} queues failed\n")
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+def cmd_grow(c: Client, o: Output, a: argparse.Namespace) -> int:
+    return _long(c, o, "/api/quorum-queues/grow",
+                 {"node": a.node, "strategy": a.strategy, "vhost_pattern": a.vhost_pattern,
+                  "queue_pattern": a.queue_pattern}, "grow")
+
+
+def cmd_shrink(c: Client, o: Output, a: argparse.Namespace) -> int:
+    return _long(c, o, "/api/quorum-queues/shrink",
+                 {"node": a.node, "errors_only": a.errors_only}, "shrink")
+
+
+def cmd_rebalance(c: Client, o: Output, a: argparse.Namespace) -> int:
+    return _long(c, o, "/api/quorum-queues/rebalance",
+                 {"vhost_pattern": a.vhost_pattern, "queue_pattern": a.queue_pattern}, "rebalance")
+
+
+def cmd_drain(c: Client, o: Output, a: argparse.Namespace) -> int:
+    return _long(c, o, f"/api/nodes/{q(a.node)}/drain", {}, "drain")
+
+
+def _policy_path(a: argparse.Namespace) -> str:
+    kind = "operator-policies" if a.operator else "policies"
+    return f"/api/{kind}/{q(a.vhost)}/{q(a.name)}"
+
+
+def cmd_set_policy(c: Client, o: Output, a: argparse.Namespace) -> int:
+    try:
+        definition = json.loads(a.definition)
+    except ValueError as exc:
+        raise CliError(f"the policy definition is not valid JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(definition, dict):
+        raise CliError("the policy definition must be a JSON object", EXIT_USAGE)
+    body: dict[str, Any] = {"pattern": a.pattern, "definition": definition, "priority": a.priority}
+    if a.apply_to:
+        body["apply-to"] = a.apply_to
+    c.call("PUT", _policy_path(a), body)
+    o.message(f"set {'operator ' if a.operator else ''}policy '{a.name}' in vhost '{a.vhost}'")
+    return EXIT_OK
+
+
+def cmd_clear_policy(c: Client, o: Output, a: argparse.Namespace) -> int:
+    c.call("DELETE", _policy_path(a))
+    o.message(f"cleared {'operator ' if a.operator else ''}policy '{a.name}' in vhost '{a.vhost}'")
+    return EXIT_OK
+
+
+def _critical_path(node: str | None) -> str:
+    path = "/api/health/checks/node-is-quorum-critical"
+    return path + (f"?node={q(node)}" if node else "")
+
+
+def _critical_queues(body: Any) -> list[dict[str, Any]]:
+    return list(body.get("queues", [])) if isinstance(body, dict) else []
+
+
+def cmd_check_quorum_critical(c: Client, o: Output, a: argparse.Namespace) -> int:
+    status, body = c.status(_critical_path(a.node))
+    if status == 200:
+        o.message("ok: no quorum queue would lose its quorum if the node stopped", body)
+        return EXIT_OK
+    queues = _critical_queues(body)
+    if o.as_json:
+        o.out.write(json.dumps(body) + "\n")
+    else:
+        o.err.write("qqctl: these quorum queues would lose their quorum if the node stopped:\n")
+        table(queues, ("vhost", "name"), o.err)
+    return EXIT_UNAVAILABLE
+
+
+def cmd_await_quorum_plus_one(c: Client, o: Output, a: argparse.Namespace) -> int:
+    deadline = time.monotonic() + a.wait
+    last: list[dict[str, Any]] = []
+    while True:
+        status, body = c.status(_critical_path(a.node))
+        if status == 200:
+            o.message("ok: every quorum queue has an online quorum plus one", body)
+            return EXIT_OK
+        queues = _critical_queues(body)
+        if queues != last:
+            o.err.write(f"waiting for {len(queues)} quorum queue(s) to reach an online quorum + 1\n")
+            last = queues
+        if time.monotonic() > deadline:
+            o.err.write(f"qqctl: timed out after {a.wait:g}s; still critical:\n")
+            table(queues, ("vhost", "name"), o.err)
+            return EXIT_TIMEOUT
+        time.sleep(a.interval)
+
+
+def cmd_cluster_status(c: Client, o: Output, a: argparse.Namespace) -> int:
+    nodes = c.call("GET", "/api/nodes")
+    if o.as_json:
+        overview = c.call("GET", "/api/overview")
+        o.out.write(json.dumps({"cluster_name": overview.get("cluster_name"),
+                                "nodes": nodes}, indent=2) + "\n")
+        return EXIT_OK
+    o.rows(nodes, ("name", "running", "metadata_leader", "quorum_queue_members",
+                   "quorum_queue_leaders"))
+    down = [n["name"] for n in nodes if not n.get("running")]
+    if down:
+        o.err.write(f"nodes not running: {', '.join(down)}\n")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- argument parsing
+Command = Callable[[Client, Output, argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="qqctl", description="Manage a quorumq cluster through its "
+                                "management HTTP API.")
+    p.add_argument("--url", default=env.get("QQCTL_URL", "http://localhost:15672"),
+                   help="management API base URL (env QQCTL_URL)")
+    p.add_argument("--user", default=env.get("QQCTL_USER", "guest"), help="env QQCTL_USER")
+    p.add_argument("--password", default=env.get("QQCTL_PASSWORD", "guest"),
+                   help="env QQCTL_PASSWORD")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    p.add_argument("--timeout", type=float, default=float(env.get("QQCTL_TIMEOUT", "300")),
+                   help="HTTP timeout in seconds")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, fn: Command, doc: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=doc, description=doc)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    def vhost(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--vhost", "-p", default="/", help="virtual host (default /)")
+
+    def patterns(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--vhost-pattern", default=".*", help="regex over vhost names")
+        sp.add_argument("--queue-pattern", default=".*", help="regex over queue names")
+
+    sp = add("list_queues", cmd_list_queues, "list queues with members, leader and counts")
+    sp.add_argument("--vhost", "-p", default=None, help="only this vhost (default: all)")
+    sp.add_argument("--columns", default=None,
+                    help=f"comma-separated columns (default: {','.join(QUEUE_COLUMNS)})")
+    sp = add("quorum_status", cmd_quorum_status, "Raft status of each member of a quorum queue")
+    sp.add_argument("queue")
+    vhost(sp)
+    sp = add("add_member", cmd_add_member, "add a member on NODE to a quorum queue")
+    sp.add_argument("queue")
+    sp.add_argument("node")
+    vhost(sp)
+    sp = add("delete_member", cmd_delete_member,
+             "remove the member on NODE (refused if it would lose quorum, unless --force)")
+    sp.add_argument("queue")
+    sp.add_argument("node")
+    sp.add_argument("--force", action="store_true")
+    vhost(sp)
+    sp = add("grow", cmd_grow, "add members on NODE to matching quorum queues")
+    sp.add_argument("node")
+    sp.add_argument("strategy", choices=("all", "even"))
+    patterns(sp)
+    sp = add("shrink", cmd_shrink, "remove the members on NODE from every quorum queue")
+    sp.add_argument("node")
+    sp.add_argument("--errors-only", action="store_true", help="only report failures")
+    sp = add("rebalance", cmd_rebalance, "spread quorum-queue leaders evenly over the nodes")
+    sp.add_argument("type", nargs="?", default="quorum", choices=("quorum", "all"))
+    patterns(sp)
+    sp = add("drain", cmd_drain, "move every quorum-queue member and leader off NODE")
+    sp.add_argument("node")
+    sp = add("set_policy", cmd_set_policy, "set a policy (applied live to matching queues)")
+    sp.add_argument("name")
+    sp.add_argument("pattern")
+    sp.add_argument("definition", help="JSON object, e.g. '{\"max-length\": 1000}'")
+    sp.add_argument("--priority", type=int, default=0)
+    sp.add_argument("--apply-to", default=None,
+                    choices=("all", "queues", "exchanges", "classic_queues", "quorum_queues"))
+    sp.add_argument("--operator", action="store_true", help="an operator policy")
+    vhost(sp)
+    sp = add("clear_policy", cmd_clear_policy, "clear a policy")
+    sp.add_argument("name")
+    sp.add_argument("--operator", action="store_true", help="an operator policy")
+    vhost(sp)
+    sp = add("check_if_node_is_quorum_critical", cmd_check_quorum_critical,
+             "fail (69) if stopping the node would leave a quorum queue without quorum")
+    sp.add_argument("--node", default=None, help="node to check (default: the one at --url)")
+    sp = add("await_online_quorum_plus_one", cmd_await_quorum_plus_one,
+             "wait until every quorum queue on the node has an online quorum + 1")
+    sp.add_argument("--node", default=None)
+    sp.add_argument("--timeout", dest="wait", type=float, default=120.0,
+                    help="seconds to wait (default 120)")
+    sp.add_argument("--interval", type=float, default=0.5)
+    add("cluster_status", cmd_cluster_status, "nodes, which are running, metadata leader")
+    return p
+
+
+def main(argv: Iterable[str] | None = None, out: TextIO | None = None,
+         err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:
+        return int(exc.code or 0) if exc.code not in (None, 0) else 0
+    client = Client(args.url, args.user, args.password, timeout=max(args.timeout, 1.0))
+    try:
+        code: int = args.fn(client, Output(args.json, out, err), args)
+        return code
+    except CliError as exc:
+        err.write(f"qqctl: {args.command}: {exc}\n")
+        return exc.code
+    except KeyboardInterrupt:
+        err.write("qqctl: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
