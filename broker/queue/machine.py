@@ -16,7 +16,9 @@ Message records: bodies are never in the state. A ready message is one int,
 ``raft_index << 32 | size`` (see `pack`), in a `collections.deque`. Only
 messages carrying a non-default field (delivery count, redelivered, expiry)
 have an entry in the side dict `extra`: raft_index -> (delivery_count,
-expiry_ms or -1, times_returned).
+times_returned). A message with an expiry (TTL) carries it in the same int,
+above the index: ``(expiry_ms + 1) << 96 | raft_index << 32 | size``, so TTL
+costs a few bytes per message, not a dict entry.
 
 Ready messages live in three FIFOs: `returns` (returned while a delivery limit
 is set: served first, i.e. "near the head"), `hi` (priority > 4) and `lo`
@@ -84,6 +86,9 @@ from .types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta, MsgId
 
 SIZE_BITS = 32
 SIZE_MASK = (1 << SIZE_BITS) - 1
+IDX_BITS = 64
+IDX_MASK = (1 << IDX_BITS) - 1
+EXP_SHIFT = SIZE_BITS + IDX_BITS
 UNLIMITED_CREDIT = 1 << 62
 HIGH_PRIORITY_ABOVE = 4
 PRIORITY_WEIGHT = 2
@@ -101,12 +106,27 @@ _REASONS = list(DeadLetterReason)
 _REASON_CODE = {r: i for i, r in enumerate(_REASONS)}
 
 # the empty header of a message with nothing non-default
-_NO_HDR = (0, -1, 0)
+_NO_HDR = (0, 0)
 
 
-def pack(raft_index: int, size: int) -> int:
-    """The compact record of a message: raft index and body size in one int."""
-    return (raft_index << SIZE_BITS) | size
+def pack(raft_index: int, size: int, expiry_ms: int | None = None) -> int:
+    """The compact record of a message: raft index, body size and (when it
+    has one) its expiry time, in one int."""
+    rec = (raft_index << SIZE_BITS) | size
+    if expiry_ms is not None:
+        rec |= (expiry_ms + 1) << EXP_SHIFT
+    return rec
+
+
+def rec_index(rec: int) -> int:
+    """The raft index of a packed record."""
+    return (rec >> SIZE_BITS) & IDX_MASK
+
+
+def rec_expiry(rec: int) -> int | None:
+    """The expiry time (ms) of a packed record, or None."""
+    e = rec >> EXP_SHIFT
+    return e - 1 if e else None
 
 
 class Consumer:
@@ -141,7 +161,8 @@ class QueueState:
     """The whole replicated state of one quorum queue (see module docstring)."""
 
     __slots__ = (
-        "config", "lo", "hi", "returns", "prio_counter", "extra", "out_of_order", "ready_bytes",
+        "config", "lo", "hi", "returns", "prio_counter", "extra", "ttl_seen", "out_of_order",
+        "ready_bytes",
         "consumers", "service", "service_prios", "sac_active", "sac_waiting", "publishers",
         "blocked", "dlx_pending", "dlx_checked", "dlx_bytes", "dlx_prefetch", "dlx_attached",
         "dlx_next_id", "last_active", "timer_at", "since_cursor", "deleted", "dls",
@@ -154,7 +175,8 @@ class QueueState:
         self.hi: deque[int] = deque()
         self.returns: deque[int] = deque()
         self.prio_counter = 0
-        self.extra: dict[int, tuple[int, int, int]] = {}
+        self.extra: dict[int, tuple[int, int]] = {}
+        self.ttl_seen = False  # sticky: some message ever carried an expiry
         # raft indexes appended to `lo` out of index order (returns to the back)
         self.out_of_order: set[int] = set()
         self.ready_bytes = 0
@@ -206,20 +228,20 @@ class QueueState:
         out, returned or dead-lettered awaiting confirmation), or None."""
         cands: list[int] = []
         if self.lo:
-            cands.append(self.lo[0] >> SIZE_BITS)
+            cands.append(rec_index(self.lo[0]))
         if self.hi:
-            cands.append(self.hi[0] >> SIZE_BITS)
+            cands.append(rec_index(self.hi[0]))
         if self.out_of_order:
             cands.append(min(self.out_of_order))
         if self.returns:
-            cands.append(min(self.returns) >> SIZE_BITS)
+            cands.append(min(rec_index(r) for r in self.returns))
         for c in self.consumers.values():
             if c.checked:
-                cands.append(min(c.checked.values()) >> SIZE_BITS)
+                cands.append(min(rec_index(r) for r in c.checked.values()))
         if self.dlx_pending:
-            cands.append(min(r for r, _, _ in self.dlx_pending) >> SIZE_BITS)
+            cands.append(min(rec_index(r) for r, _, _ in self.dlx_pending))
         if self.dlx_checked:
-            cands.append(min(r for r, _, _ in self.dlx_checked.values()) >> SIZE_BITS)
+            cands.append(min(rec_index(r) for r, _, _ in self.dlx_checked.values()))
         return min(cands) if cands else None
 
     def overview(self) -> dict[str, Any]:
@@ -287,11 +309,12 @@ def _take_next(st: QueueState) -> int:
     lo = st.lo
     c = st.prio_counter
     st.prio_counter = 0 if c == PRIORITY_WEIGHT else c + 1
-    if hi and not (lo and c == PRIORITY_WEIGHT and lo[0] < hi[0]):
+    if hi and not (lo and c == PRIORITY_WEIGHT
+                   and (lo[0] >> SIZE_BITS) & IDX_MASK < (hi[0] >> SIZE_BITS) & IDX_MASK):
         return hi.popleft()
     rec = lo.popleft()
     if st.out_of_order:
-        st.out_of_order.discard(rec >> SIZE_BITS)
+        st.out_of_order.discard((rec >> SIZE_BITS) & IDX_MASK)
     return rec
 
 
@@ -303,12 +326,12 @@ def _expire_heads(st: QueueState, now: int) -> None:
     for q in (st.returns, st.hi, st.lo):
         while q:
             rec = q[0]
-            idx = rec >> SIZE_BITS
-            h = extra.get(idx)
-            if h is None or h[1] < 0 or h[1] >= now:
+            e = rec >> EXP_SHIFT
+            if not e or e - 1 >= now:
                 break
             q.popleft()
-            del extra[idx]
+            idx = (rec >> SIZE_BITS) & IDX_MASK
+            h = extra.pop(idx, _NO_HDR) if extra else _NO_HDR
             if st.out_of_order:
                 st.out_of_order.discard(idx)
             st.ready_bytes -= rec & SIZE_MASK
@@ -354,12 +377,13 @@ def _checkout(st: QueueState, now: int, effects: list[Effect]) -> None:
     if not (returns or hi or lo):
         return
     extra = st.extra
+    ttl = st.ttl_seen
     service = st.service
     first: Consumer | None = None
     first_list: list[Delivery] = []
     others: dict[ConsumerId, list[Delivery]] | None = None
     while returns or hi or lo:
-        if extra:
+        if ttl:
             _expire_heads(st, now)
             if not (returns or hi or lo):
                 break
@@ -371,9 +395,9 @@ def _checkout(st: QueueState, now: int, effects: list[Effect]) -> None:
         mid = c.next_msg_id
         c.next_msg_id = mid + 1
         c.checked[mid] = rec
-        idx = rec >> SIZE_BITS
+        idx = (rec >> SIZE_BITS) & IDX_MASK
         h = extra.get(idx) if extra else None
-        d: Delivery = (MsgId(mid), idx, h[0], h[2] > 0) if h is not None \
+        d: Delivery = (MsgId(mid), idx, h[0], h[1] > 0) if h is not None \
             else (MsgId(mid), idx, 0, False)
         if c is first:
             first_list.append(d)
@@ -411,14 +435,14 @@ def _drop_for_limits(st: QueueState) -> None:
     while _over_limit(st) and (st.returns or st.hi or st.lo):
         rec = _take_next(st)
         st.ready_bytes -= rec & SIZE_MASK
-        h = st.extra.pop(rec >> SIZE_BITS, None) if st.extra else None
+        h = st.extra.pop(rec_index(rec), None) if st.extra else None
         st.dls.append((code, rec, h[0] if h else 0))
 
 
 def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
     """Put a checked-out message back (or dead-letter it past the limit)."""
-    idx = rec >> SIZE_BITS
-    dc, exp, returned = st.extra.get(idx, _NO_HDR)
+    idx = rec_index(rec)
+    dc, returned = st.extra.get(idx, _NO_HDR)
     if count_failure:
         dc += 1
     limit = st.config.delivery_limit
@@ -426,7 +450,7 @@ def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
         st.extra.pop(idx, None)
         st.dls.append((_REASON_CODE[DeadLetterReason.DELIVERY_LIMIT], rec, dc))
         return
-    st.extra[idx] = (dc, exp, returned + 1)
+    st.extra[idx] = (dc, returned + 1)
     if limit is not None:
         st.returns.append(rec)
     else:
@@ -436,7 +460,7 @@ def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
 
 
 def _discard_one(st: QueueState, rec: int) -> None:
-    h = st.extra.pop(rec >> SIZE_BITS, None) if st.extra else None
+    h = st.extra.pop(rec_index(rec), None) if st.extra else None
     st.dls.append((_REASON_CODE[DeadLetterReason.REJECTED], rec, h[0] if h else 0))
 
 
@@ -526,7 +550,7 @@ def _flush_dead_letters(st: QueueState, effects: list[Effect]) -> None:
             j = i
             batch: list[tuple[int, int]] = []
             while j < n and dls[j][0] == code:
-                batch.append((dls[j][1] >> SIZE_BITS, dls[j][2]))
+                batch.append((rec_index(dls[j][1]), dls[j][2]))
                 j += 1
             effects.append(DeadLetter(_REASONS[code], tuple(batch), cfg.dead_letter_exchange,
                                       cfg.dead_letter_routing_key))
@@ -544,7 +568,7 @@ def _dlx_checkout(st: QueueState, effects: list[Effect]) -> None:
         i = st.dlx_next_id
         st.dlx_next_id = i + 1
         st.dlx_checked[i] = item
-        batch.append((i, item[0] >> SIZE_BITS, _REASONS[item[1]], item[2]))
+        batch.append((i, rec_index(item[0]), _REASONS[item[1]], item[2]))
     if batch:
         effects.append(DeadLetterDeliver(tuple(batch), cfg.dead_letter_exchange,
                                          cfg.dead_letter_routing_key))
@@ -571,13 +595,12 @@ def _maybe_unblock(st: QueueState, effects: list[Effect]) -> None:
 
 
 def _head_expiry(st: QueueState) -> int | None:
-    extra = st.extra
     best: int | None = None
     for q in (st.returns, st.hi, st.lo):
         if q:
-            h = extra.get(q[0] >> SIZE_BITS)
-            if h is not None and h[1] >= 0 and (best is None or h[1] < best):
-                best = h[1]
+            e = rec_expiry(q[0])
+            if e is not None and (best is None or e < best):
+                best = e
     return best
 
 
@@ -619,6 +642,8 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
     if size < 0 or size > SIZE_MASK:
         raise QueueCommandError(f"enqueue size out of range: {size}")
     idx = meta.index
+    if idx < 0 or idx > IDX_MASK:
+        raise QueueCommandError(f"raft index out of range: {idx}")
     cfg = st.config
     ttl = cfg.message_ttl_ms
     exp = cmd.expiration_ms
@@ -628,12 +653,15 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
         assert exp is not None
         if exp < 0:
             raise QueueCommandError(f"negative expiration: {exp}")
-        st.extra[idx] = (0, meta.timestamp_ms + exp, 0)
+        st.ttl_seen = True
+        rec = (meta.timestamp_ms + exp + 1) << EXP_SHIFT | (idx << SIZE_BITS) | size
+    else:
+        rec = (idx << SIZE_BITS) | size
     prio = cmd.priority
     if prio is not None and prio > HIGH_PRIORITY_ABOVE:
-        st.hi.append((idx << SIZE_BITS) | size)
+        st.hi.append(rec)
     else:
-        st.lo.append((idx << SIZE_BITS) | size)
+        st.lo.append(rec)
     st.ready_bytes += size
     st.enqueued_total += 1
     if st.service_prios:
@@ -740,13 +768,13 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState) -> tuple[Reply, list[Effe
                                    f"by quorum queues with single active consumer"), effects
     now = meta.timestamp_ms
     st.last_active = now
-    if st.extra:
+    if st.ttl_seen:
         _expire_heads(st, now)
     if not (st.returns or st.hi or st.lo):
         return DequeueEmpty(), effects
     rec = _take_next(st)
     st.ready_bytes -= rec & SIZE_MASK
-    idx = rec >> SIZE_BITS
+    idx = rec_index(rec)
     h = st.extra.get(idx, _NO_HDR) if st.extra else _NO_HDR
     if cmd.settled:
         if h is not _NO_HDR:
@@ -761,7 +789,7 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState) -> tuple[Reply, list[Effe
         mid = c.next_msg_id
         c.next_msg_id = mid + 1
         c.checked[mid] = rec
-    return Dequeued(MsgId(mid), idx, h[0], h[2] > 0, st.messages_ready()), effects
+    return Dequeued(MsgId(mid), idx, h[0], h[1] > 0, st.messages_ready()), effects
 
 
 def _settle(meta: Meta, cmd: Settle, st: QueueState) -> tuple[Reply, list[Effect]]:
@@ -778,7 +806,7 @@ def _settle(meta: Meta, cmd: Settle, st: QueueState) -> tuple[Reply, list[Effect
             continue
         n += 1
         if extra:
-            extra.pop(rec >> SIZE_BITS, None)
+            extra.pop((rec >> SIZE_BITS) & IDX_MASK, None)
     if c.mode is CreditMode.SIMPLE_PREFETCH:
         c.credit += n
     if c.status == UP:
@@ -834,7 +862,7 @@ def _purge(meta: Meta, cmd: Purge, st: QueueState) -> tuple[Reply, list[Effect]]
     if st.extra:
         for q in (st.returns, st.hi, st.lo):
             for rec in q:
-                st.extra.pop(rec >> SIZE_BITS, None)
+                st.extra.pop(rec_index(rec), None)
     st.returns.clear()
     st.hi.clear()
     st.lo.clear()
@@ -884,7 +912,7 @@ def _tick(meta: Meta, cmd: Tick, st: QueueState) -> tuple[Reply, list[Effect]]:
     now = meta.timestamp_ms
     if st.timer_at is not None and st.timer_at <= now:
         st.timer_at = None
-    if st.extra:
+    if st.ttl_seen:
         _expire_heads(st, now)
     _checkout(st, now, effects)
     exp = st.config.expires_ms
@@ -969,7 +997,7 @@ def apply(meta: Meta, command: Command, state: QueueState
             _dlx_checkout(st, effects)
     if st.blocked:
         _maybe_unblock(st, effects)
-    if st.extra:
+    if st.ttl_seen:
         _maybe_timer(st, meta.timestamp_ms, effects)
     n = st.since_cursor + 1
     if n >= RELEASE_CURSOR_INTERVAL:

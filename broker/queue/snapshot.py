@@ -24,6 +24,18 @@ from .types import ChannelRef, ConsumerId
 SNAPSHOT_VERSION = 1
 
 
+_U64 = (1 << 64) - 1
+
+
+def _enc(rec: int) -> int | list[int]:
+    """msgpack ints stop at 64 bits; records with an expiry are wider."""
+    return rec if rec <= _U64 else [rec >> 64, rec & _U64]
+
+
+def _dec(v: int | list[int]) -> int:
+    return v if isinstance(v, int) else (v[0] << 64) | v[1]
+
+
 def _cid(c: ConsumerId) -> list[str]:
     return [c.channel, c.tag]
 
@@ -38,16 +50,17 @@ def to_plain(st: QueueState) -> dict[str, Any]:
     return {
         "v": SNAPSHOT_VERSION,
         "config": st.config.to_dict(),
-        "lo": list(st.lo),
-        "hi": list(st.hi),
-        "returns": list(st.returns),
+        "lo": [_enc(r) for r in st.lo],
+        "hi": [_enc(r) for r in st.hi],
+        "returns": [_enc(r) for r in st.returns],
         "prio_counter": st.prio_counter,
-        "extra": [[k, v[0], v[1], v[2]] for k, v in st.extra.items()],
+        "extra": [[k, v[0], v[1]] for k, v in st.extra.items()],
+        "ttl_seen": st.ttl_seen,
         "out_of_order": sorted(st.out_of_order),
         "ready_bytes": st.ready_bytes,
         "consumers": [
             [_cid(c.cid), c.priority, c.mode.value, c.prefetch, c.credit,
-             [[m, r] for m, r in c.checked.items()], c.next_msg_id, c.status, c.in_service]
+             [[m, _enc(r)] for m, r in c.checked.items()], c.next_msg_id, c.status, c.in_service]
             for c in st.consumers.values()
         ],
         "service": [[p, [_cid(x) for x in dq]] for p, dq in st.service.items()],
@@ -56,8 +69,8 @@ def to_plain(st: QueueState) -> dict[str, Any]:
         "sac_waiting": [_cid(x) for x in st.sac_waiting],
         "publishers": [[p, s] for p, s in st.publishers.items()],
         "blocked": st.blocked,
-        "dlx_pending": [list(x) for x in st.dlx_pending],
-        "dlx_checked": [[i, *x] for i, x in st.dlx_checked.items()],
+        "dlx_pending": [[_enc(r), code, dc] for r, code, dc in st.dlx_pending],
+        "dlx_checked": [[i, _enc(r), code, dc] for i, (r, code, dc) in st.dlx_checked.items()],
         "dlx_bytes": st.dlx_bytes,
         "dlx_prefetch": st.dlx_prefetch,
         "dlx_attached": st.dlx_attached,
@@ -76,17 +89,18 @@ def from_plain(d: dict[str, Any]) -> QueueState:
     if d.get("v") != SNAPSHOT_VERSION:
         raise SnapshotError(f"unsupported queue snapshot version {d.get('v')!r}")
     st = QueueState(QueueConfig.from_dict(d["config"]), d["last_active"])
-    st.lo = deque(d["lo"])
-    st.hi = deque(d["hi"])
-    st.returns = deque(d["returns"])
+    st.lo = deque(_dec(r) for r in d["lo"])
+    st.hi = deque(_dec(r) for r in d["hi"])
+    st.returns = deque(_dec(r) for r in d["returns"])
     st.prio_counter = d["prio_counter"]
-    st.extra = {k: (a, b, c) for k, a, b, c in d["extra"]}
+    st.extra = {k: (a, b) for k, a, b in d["extra"]}
+    st.ttl_seen = d["ttl_seen"]
     st.out_of_order = set(d["out_of_order"])
     st.ready_bytes = d["ready_bytes"]
     for cid, prio, mode, prefetch, credit, checked, next_id, status, in_service in d["consumers"]:
         c = Consumer(_uncid(cid), prio, CreditMode(mode), prefetch, status)
         c.credit = credit
-        c.checked = {m: r for m, r in checked}
+        c.checked = {m: _dec(r) for m, r in checked}
         c.next_msg_id = next_id
         c.in_service = in_service
         st.consumers[c.cid] = c
@@ -96,8 +110,8 @@ def from_plain(d: dict[str, Any]) -> QueueState:
     st.sac_waiting = [_uncid(x) for x in d["sac_waiting"]]
     st.publishers = {ChannelRef(p): s for p, s in d["publishers"]}
     st.blocked = d["blocked"]
-    st.dlx_pending = deque((r, code, dc) for r, code, dc in d["dlx_pending"])
-    st.dlx_checked = {i: (r, code, dc) for i, r, code, dc in d["dlx_checked"]}
+    st.dlx_pending = deque((_dec(r), code, dc) for r, code, dc in d["dlx_pending"])
+    st.dlx_checked = {i: (_dec(r), code, dc) for i, r, code, dc in d["dlx_checked"]}
     st.dlx_bytes = d["dlx_bytes"]
     st.dlx_prefetch = d["dlx_prefetch"]
     st.dlx_attached = d["dlx_attached"]

@@ -16,8 +16,9 @@ the machine's containers and checks that:
   effects with that reason;
 - first deliveries of each priority class are in publish (raft index) order,
   and a high-priority message published before a normal one goes first;
-- prefetch is never exceeded; length limits hold (reject-publish: overshoot
-  by at most one);
+- prefetch is never exceeded; drop-head length limits always hold and
+  reject-publish never accepts a publish while over the limit (overshoot of
+  one at most, plus returned messages);
 - snapshot/restore at any point changes nothing: a restored shadow copy is
   driven with the same commands and must give identical replies, effects
   and state.
@@ -64,7 +65,7 @@ from broker.queue import (
 )
 from broker.queue.commands import Command
 from broker.queue.effects import Effect, Reply
-from broker.queue.machine import SIZE_BITS
+from broker.queue.machine import rec_index
 from broker.queue.types import DEQUEUE_TAG
 
 CONFIGS = [
@@ -144,14 +145,14 @@ class QueueModel(RuleBasedStateMachine):
 
         for q in (s.lo, s.hi, s.returns):
             for rec in q:
-                put(rec >> SIZE_BITS, "ready")
+                put(rec_index(rec), "ready")
         for c in s.consumers.values():
             for mid, rec in c.checked.items():
-                put(rec >> SIZE_BITS, ("out", c.cid, mid))
+                put(rec_index(rec), ("out", c.cid, mid))
         for rec, _, _ in s.dlx_pending:
-            put(rec >> SIZE_BITS, "dlx")
+            put(rec_index(rec), "dlx")
         for rec, _, _ in s.dlx_checked.values():
-            put(rec >> SIZE_BITS, "dlx")
+            put(rec_index(rec), "dlx")
         return seen
 
     def _reconcile(self, cmd: Command, step: Step, reply: Reply, effects: list[Effect]) -> None:
@@ -175,8 +176,8 @@ class QueueModel(RuleBasedStateMachine):
         where = self._machine_locations()
         for idx in where:
             assert idx in self.msgs, f"unknown or resurrected message {idx}"
-        dlx_reasons = {rec >> SIZE_BITS: code for rec, code, _ in self.state.dlx_pending}
-        dlx_reasons.update({rec >> SIZE_BITS: code
+        dlx_reasons = {rec_index(rec): code for rec, code, _ in self.state.dlx_pending}
+        dlx_reasons.update({rec_index(rec): code
                             for rec, code, _ in self.state.dlx_checked.values()})
         for idx, m in list(self.msgs.items()):
             before = m.loc
@@ -276,6 +277,9 @@ class QueueModel(RuleBasedStateMachine):
                 assert before_count > (self.cfg.max_length * 4) // 5
             else:
                 assert reply is EnqueueResult.ACCEPTED
+                if self.cfg.overflow == "reject-publish" and self.cfg.max_length is not None:
+                    # never accepted while over the limit (overshoot of one at most)
+                    assert before_count <= self.cfg.max_length
         if reply is not EnqueueResult.ACCEPTED:
             assert msg.idx not in self._machine_locations()
 
@@ -369,11 +373,13 @@ class QueueModel(RuleBasedStateMachine):
         cfg = self.state.config
         n = self.state.messages_ready() + self.state.messages_dlx()
         b = self.state.ready_bytes + self.state.dlx_bytes
-        slack = 1 if cfg.overflow == "reject-publish" else 0
-        if cfg.max_length is not None:
-            assert n <= cfg.max_length + slack
-        if cfg.max_length_bytes is not None and cfg.overflow == "drop-head":
-            assert b <= cfg.max_length_bytes
+        # drop-head holds the limits strictly; reject-publish only refuses
+        # publishes (returned messages may take it over; checked in `enqueue`)
+        if cfg.overflow == "drop-head":
+            if cfg.max_length is not None:
+                assert n <= cfg.max_length
+            if cfg.max_length_bytes is not None:
+                assert b <= cfg.max_length_bytes
 
     @invariant()
     def counts_agree(self) -> None:
