@@ -14,7 +14,8 @@ Public API (names others integrate against):
   mutated in place and returned; see `machine` for why);
   ``snapshot(state) -> bytes`` / ``restore(bytes) -> QueueState``;
   ``to_plain(state)`` for equality checks; ``QueueState.overview()`` and
-  ``QueueState.smallest_live_index()`` for metrics and storage.
+  ``QueueState.smallest_live_index()`` for metrics and storage;
+  ``pack``/``rec_index``/``rec_expiry`` for the packed message record.
 - Config: ``QueueConfig``; ``parse_queue_arguments(args, queue, vhost,
   policy=None, operator_policy=None) -> QueueConfig`` raising
   ``QueueArgumentError(reply_code=406, reply_text="PRECONDITION_FAILED - ...")``.
@@ -97,7 +98,7 @@ from .errors import (
     QueueInvariantError,
     SnapshotError,
 )
-from .machine import QueueState, apply, new_state, pack
+from .machine import QueueState, apply, new_state, pack, rec_expiry, rec_index
 from .snapshot import from_plain, restore, snapshot, to_plain
 from .types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta, MsgId, RaftIndex
 
@@ -113,6 +114,7 @@ __all__ = [
     "QueueConfig", "QueueError", "QueueInvariantError", "QueueState", "RaftIndex",
     "RejectPublish", "ReleaseCursor", "Reply", "ResumePublish", "Return", "SetTimer", "Settle",
     "SnapshotError", "Tick", "UpdateConfig", "apply", "decode_command", "encode_command",
-    "from_plain", "new_state", "pack", "parse_queue_arguments", "restore", "snapshot",
+    "from_plain", "new_state", "pack", "parse_queue_arguments", "rec_expiry", "rec_index",
+    "restore", "snapshot",
     "to_plain", "x_death_headers",
 ]

@@ -319,3 +319,10 @@ def test_consumer_cancelled_is_reported_once_on_cancel_or_down() -> None:
     assert of_type(eff, ConsumerCancelled) == [ConsumerCancelled(b)]
     _, eff = h.run(Cancel(a))
     assert of_type(eff, ConsumerCancelled) == []
+
+
+def test_record_carries_an_expiry_above_the_index() -> None:
+    from broker.queue import rec_expiry, rec_index
+    r = pack(2**40 + 3, 77, 123_456)
+    assert (rec_index(r), r & 0xFFFFFFFF, rec_expiry(r)) == (2**40 + 3, 77, 123_456)
+    assert rec_expiry(pack(5, 1)) is None and rec_expiry(pack(5, 1, 0)) == 0
