@@ -319,3 +319,35 @@ def test_sync_from_a_callback_is_refused_not_a_deadlock(tmp_path: Path) -> None:
         log.append(entries("g", 1, 2, 1))
         m.sync()
         assert errors and "deadlock" in str(errors[0])
+
+
+def test_group_commit_batches_many_appends_into_one_fsync(tmp_path: Path) -> None:
+    d = Durable()
+    with manager(tmp_path, StorageConfig(), d) as m:
+        logs = [m.open_group(f"g{n}") for n in range(20)]
+        m.sync()
+        before = dict(m.stats)
+        for i in range(1, 51):
+            for n, log in enumerate(logs):
+                log.append(entries(f"g{n}", i, i + 1, 1))
+        m.sync()
+        appends = 50 * 20
+        fsyncs = m.stats["fsyncs"] - before["fsyncs"]
+        assert m.stats["records"] - before["records"] >= 2 * appends
+        # appends queued while an fsync runs share the next one
+        assert fsyncs < appends / 10, fsyncs
+        assert all(log.durable_index() == 50 for log in logs)
+        assert all(d.latest[f"g{n}"] == (50, 1) for n in range(20))
+
+
+def test_batch_caps_bound_each_write(tmp_path: Path) -> None:
+    with manager(tmp_path, StorageConfig(max_batch_records=1)) as m:
+        log = m.open_group("g")
+        m.sync()
+        before = m.stats["fsyncs"]
+        for i in range(1, 21):
+            log.append(entries("g", i, i + 1, 1))
+        m.sync()
+        # at most one append per write: at least one fsync each
+        assert m.stats["fsyncs"] - before >= 20
+        assert log.durable_index() == 20
