@@ -145,6 +145,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("raft.segment_max_entries", _int(1, 65535), 4096, "entries per segment file (<= 65535)"),
     Setting("raft.election_timeout_ms", _int(100), 1000, "base election timeout"),
     Setting("raft.tick_ms", _int(10), 100, "Raft tick length"),
+    Setting("raft.snapshot_interval", _int(1), 20000, "applied entries between two snapshots of a queue"),
 )
 _BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 

@@ -187,6 +187,22 @@ class Node:
         if g is not None:
             g.on_storage_error(exc)
 
+    def log_status(self) -> None:
+        """SIGUSR1: write every Raft group's status and queue counts to the log."""
+        for gid, g in sorted(self._groups_by_id.items()):
+            st_ = g.node.status()
+            log.warning("status %s: role=%s term=%s leader=%s commit=%s applied=%s last=%s "
+                        "first=%s config=%s progress=%s", gid, st_.role.name, st_.term, st_.leader,
+                        st_.commit, st_.applied, st_.last_index, st_.first_index,
+                        sorted(st_.config.voters), {k: (p.match, p.next, p.state)
+                                                    for k, p in st_.progress.items()})
+        for (vhost, name), q in sorted(self.queues.items()):
+            log.warning("queue %s/%s (%s): %s", vhost, name, type(q).__name__, q.overview())
+        if self.cluster is not None:
+            log.warning("peers connected: %s; incarnations: %s",
+                        {p: self.cluster.transport.is_connected(p) for p in self.cluster.peers},
+                        self.cluster.incarnations)
+
     def send_raft(self, dst: str, msg: Any) -> None:
         if self.cluster is not None:
             self.cluster.send_raft(dst, msg)
@@ -408,6 +424,7 @@ class Node:
             q = QuorumQueue(self, record.vhost, record.name, config, glog,
                             [] if joining else list(record.members), self.raft_config,
                             learner=joining)
+            q.snapshot_every = self.config["raft.snapshot_interval"]  # type: ignore[union-attr]
             self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
             if len(record.members) == 1 or (record.leader == self.node_name
                                             and q.group.glog.last_index() == 0):  # type: ignore[union-attr]
@@ -683,6 +700,7 @@ async def _serve(config: Config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, node.log_status)
     try:
         await node.start()
     except DefinitionsError as exc:

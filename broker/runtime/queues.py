@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker import queue as qm
 from broker import storage as st
 from broker.queue import effects as qe
+from broker.queue.machine import rec_index
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
@@ -338,9 +339,12 @@ class QuorumQueue(QueueProcess):
         self.glog = glog
         self._on_role = on_role_change
         applied = 0
+        # Bodies of live messages below the snapshot index that this replica's
+        # log does not hold (it was installed from the leader's snapshot).
+        self._snap_bodies: dict[int, Message] = {}
         snap = glog.latest_snapshot()
         if snap is not None:
-            self.state = qm.restore(snap.data)
+            self._install_snapshot(snap.data)
             applied = snap.meta.index
         self.group = RaftGroup(
             glog.group_id, host.node_name, glog,
@@ -348,6 +352,7 @@ class QuorumQueue(QueueProcess):
                        frozenset({NodeId(host.node_name)}) if learner else frozenset()),
             self._apply_payload, host.send_raft, raft_config=raft_config,
             on_role_change=self._role_changed, on_snapshot=self._install_snapshot,
+            augment_snapshot=self._snapshot_with_bodies,
             applied=applied,
         )
         self.applied_since_snapshot = 0
@@ -381,12 +386,15 @@ class QuorumQueue(QueueProcess):
                 continue
             deliveries = []
             for msg_id, record in c.checked.items():
-                index = record >> 32
-                count = st_.extra.get(index, (0, 0, 0))[0]
+                index = rec_index(record)
+                count = st_.extra.get(index, (0, 0))[0]
                 deliveries.append((msg_id, index, count, True))
             self._deliver(qe.Deliver(cid, tuple(deliveries)))
 
     def _read_message(self, index: int) -> Message:
+        held = self._snap_bodies.get(index)
+        if held is not None:
+            return held
         entries = self.glog.entries(index, index + 1)
         _ts, payload = wire.unpack(entries[0].data)
         _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
@@ -398,22 +406,58 @@ class QuorumQueue(QueueProcess):
         return reply
 
     def _release(self, eff: qe.ReleaseCursor) -> None:
+        """Snapshot the state as of `eff.index` (the entry being applied: the
+        state now is exactly that) and release segments below the smallest
+        live index. The state is serialised now; it is written once Raft has
+        recorded the entry as applied (after this Ready), which is also when
+        it is known durable here."""
         super()._release(eff)
         if self.applied_since_snapshot < self.snapshot_every:
             return
-        node = self.group.node
-        index = min(eff.index, node.max_snapshot_index())
-        if index != self.group.applied_index:
-            return  # the state we hold is not the state at `index`
-        meta = node.snapshot_meta(index)
-        self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config),
-                                qm.snapshot(self.state))
-        node.compacted()
-        self.glog.release(eff.smallest_live_index)
         self.applied_since_snapshot = 0
+        live = eff.smallest_live_index
+        self._snap_bodies = {i: m for i, m in self._snap_bodies.items() if i >= live}
+        data = self._encode_snapshot(self._snap_bodies)
+        self._loop.call_soon(self._write_snapshot, eff.index, live, data)
+
+    def _write_snapshot(self, index: int, live: int, data: bytes) -> None:
+        node = self.group.node
+        if self.deleted or self.group.stopped is not None or index > node.max_snapshot_index():
+            return
+        current = self.glog.snapshot_meta()
+        if current is not None and current.index >= index:
+            return
+        meta = node.snapshot_meta(index)
+        self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config), data)
+        node.compacted()
+        self.glog.release(live)
+
+    # Snapshot format: msgpack {"state": queue machine snapshot, "bodies":
+    # {raft index: [properties, body, exchange, routing key]}}. Locally taken
+    # snapshots carry only bodies this replica got from a snapshot itself (its
+    # own log keeps the rest: release() never deletes a segment holding a live
+    # message); snapshots sent to a follower carry every live body below the
+    # snapshot index (see _snapshot_with_bodies).
+    def _encode_snapshot(self, bodies: dict[int, Message]) -> bytes:
+        return wire.pack({"state": qm.snapshot(self.state), "bodies": {i: list(m) for i, m in bodies.items()}})
 
     def _install_snapshot(self, data: bytes) -> None:
-        self.state = qm.restore(data)
+        doc = wire.unpack(data)
+        self.state = qm.restore(doc["state"])
+        self._snap_bodies = {int(i): tuple(m) for i, m in doc["bodies"].items()}  # type: ignore[misc]
+
+    def _snapshot_with_bodies(self, data: bytes, snap_index: int) -> bytes:
+        doc = wire.unpack(data)
+        state = qm.restore(doc["state"])
+        bodies = {int(i): m for i, m in doc["bodies"].items()}
+        for index in live_indexes(state):
+            if index <= snap_index and index not in bodies:
+                try:
+                    bodies[index] = list(self.message(index))
+                except (st.StorageError, KeyError, IndexError):
+                    log.error("%s: live message %d missing from the log", self.name, index)
+        doc["bodies"] = bodies
+        return wire.pack(doc)
 
     def _role_changed(self, role: Role, leader: NodeId | None) -> None:
         if role is Role.LEADER:
@@ -458,6 +502,18 @@ class QuorumQueue(QueueProcess):
     def close(self) -> None:
         super().close()
         self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
+
+
+def live_indexes(state: Any) -> list[int]:
+    """Raft indexes of every live message of a queue state (ready, returned,
+    checked out, dead-lettered awaiting confirmation)."""
+    out = [rec_index(r) for r in state.lo] + [rec_index(r) for r in state.hi]
+    out += [rec_index(r) for r in state.returns]
+    for c in state.consumers.values():
+        out += [rec_index(r) for r in c.checked.values()]
+    out += [rec_index(rec[0]) for rec in state.dlx_pending]
+    out += [rec_index(rec[0]) for rec in state.dlx_checked.values()]
+    return sorted(set(out))
 
 
 __all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QuorumQueue", "RemoteQueue"]

@@ -86,11 +86,16 @@ class GroupLogStorage:
     GroupLog.
     """
 
-    __slots__ = ("glog", "bootstrap")
+    __slots__ = ("glog", "bootstrap", "augment")
 
-    def __init__(self, glog: st.GroupLog, bootstrap: Membership) -> None:
+    def __init__(self, glog: st.GroupLog, bootstrap: Membership,
+                 augment: Callable[[bytes, int], bytes] | None = None) -> None:
         self.glog = glog
         self.bootstrap = bootstrap
+        # Called when Raft reads the snapshot to send it to a follower: lets the
+        # machine add what the follower needs beyond its state (queue bodies
+        # of live messages below the snapshot index).
+        self.augment = augment
 
     def initial_state(self) -> tuple[HardState, Membership]:
         hs = self.glog.hard_state()
@@ -137,7 +142,8 @@ class GroupLogStorage:
         if snap is None:
             return Snapshot(SnapshotMeta(Index(0), Term(0), self.bootstrap), b"")
         m = snap.meta
-        return Snapshot(SnapshotMeta(Index(m.index), Term(m.term), decode_membership(m.config)), snap.data)
+        data = self.augment(snap.data, m.index) if self.augment is not None else snap.data
+        return Snapshot(SnapshotMeta(Index(m.index), Term(m.term), decode_membership(m.config)), data)
 
 
 @dataclass(slots=True)
@@ -180,6 +186,7 @@ class RaftGroup:
         rng: random.Random | None = None,
         on_role_change: Callable[[Role, NodeId | None], None] | None = None,
         on_snapshot: Callable[[bytes], None] | None = None,
+        augment_snapshot: Callable[[bytes, int], bytes] | None = None,
         clock_ms: Callable[[], int] | None = None,
         applied: int = 0,
     ) -> None:
@@ -194,7 +201,7 @@ class RaftGroup:
         cfg = raft_config or RaftConfig()
         if cfg.group != group_id:
             cfg = RaftConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "group": group_id})
-        self.storage = GroupLogStorage(glog, members)
+        self.storage = GroupLogStorage(glog, members, augment_snapshot)
         self.node = RaftNode(node_id, self.storage, cfg, rng or random.Random(), applied=applied)
         self._loop = asyncio.get_running_loop()
         self._scheduled = False

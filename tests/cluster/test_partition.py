@@ -10,6 +10,7 @@ that after healing the group converges with no confirmed message lost.
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import subprocess
 import time
@@ -174,8 +175,13 @@ def test_isolated_leader_confirms_nothing_majority_continues_heal_converges(
     conn = _conn(leader)
     ch = conn.channel()
     deadline = time.monotonic() + 60
-    while ch.queue_declare("part", passive=True).method.message_count != 100:
-        assert time.monotonic() < deadline, "isolated node did not converge"
+    while (count := ch.queue_declare("part", passive=True).method.message_count) != 100:
+        if time.monotonic() > deadline:
+            for n in c.nodes:
+                n.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+            logs = "\n".join(f"--- {n.name}\n{n.log()[-3000:]}" for n in c.nodes)
+            raise AssertionError(f"isolated node did not converge: count {count}\n{logs}")
         time.sleep(0.1)
     conn.close()
     conn = _conn(b)
