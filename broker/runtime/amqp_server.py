@@ -820,7 +820,7 @@ class AmqpConnection(asyncio.Protocol):
         channels = self.channels
         while True:
             event = amqp.next_event()
-            if event is ev.NEED_DATA or event is ev.CLOSED:
+            if event is ev.NEED_DATA or event is ev.CLOSED or event is ev.PAUSED:
                 break
             t = type(event)
             ch_no = getattr(event, "channel", None)
