@@ -68,7 +68,9 @@ class Checkout:
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    """Grant credit to a CREDITED consumer (absolute, like AMQP 1.0 flow).
+    """Grant credit to a CREDITED consumer (absolute, like AMQP 1.0 flow; the
+    link delivery-count handshake is the channel's business). For a
+    SIMPLE_PREFETCH consumer it sets a new prefetch.
 
     With `drain`, whatever credit is left after delivering what is ready is
     consumed (set to 0) and reported in the reply.
@@ -124,7 +126,8 @@ class Discard:
 @dataclass(frozen=True, slots=True)
 class Modify:
     """AMQP 1.0 ``modified`` outcome: return (counting a failed delivery only
-    when `delivery_failed`) or, when `undeliverable_here`, discard."""
+    when `delivery_failed`) or, when `undeliverable_here`, discard. Message
+    annotations are not supported (the state holds no message headers)."""
 
     consumer: ConsumerId
     msg_ids: tuple[MsgId, ...]
