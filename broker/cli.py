@@ -184,8 +184,8 @@ def _long(c: Client, o: Output, path: str, body: dict[str, Any], what: str) -> i
         if "progress" in line:
             p = line["progress"]
             extra = f": {p['reason']}" if p.get("reason") else ""
-            o.err.write(f"[{p.get('done', '?')}/{p.get('total', '?')}] {p.get('vhost', '')}/"
-                        f"{p.get('name', '')}: {p.get('result', '')}{extra}\n")
+            o.err.write(f"[{p.get('done', '?')}/{p.get('total', '?')}] queue '{p.get('name', '')}'"
+                        f" in vhost '{p.get('vhost', '')}': {p.get('result', '')}{extra}\n")
             o.err.flush()
         elif "result" in line:
             result = line["result"]

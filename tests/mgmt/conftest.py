@@ -15,6 +15,8 @@ import pytest
 from tests.cluster.conftest import Cluster
 from tests.e2e.broker_proc import BrokerProcess, free_port
 
+ROOT_DIR = Path(__file__).resolve().parents[2]
+
 
 class Api:
     """A tiny synchronous client for one node's management API."""
