@@ -311,6 +311,17 @@ class GroupLog:
             self._check()
             return self._last_index_locked()
 
+    def last_entry_index(self) -> int:
+        """Index of the last entry held (below last_index() right after a
+        snapshot install past the log); first_index() - 1 if none."""
+        with self._mgr._lock:
+            self._check()
+            last = self._log_last()
+            if last is not None:
+                return last
+            first = self._log_first()
+            return (first if first is not None else self._empty_last() + 1) - 1
+
     def _last_index_locked(self) -> int:
         last = self._log_last()
         return max(last if last is not None else 0, self._empty_last())

@@ -69,4 +69,5 @@ def manager(path: Path, config: StorageConfig = TINY, durable: Durable | None = 
 
 
 def read_all(log: GroupLog) -> list[Entry]:
-    return log.entries(log.first_index(), log.last_index() + 1) if log.last_index() >= log.first_index() else []
+    first, last = log.first_index(), log.last_entry_index()
+    return log.entries(first, last + 1) if last >= first else []

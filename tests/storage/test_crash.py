@@ -1,5 +1,5 @@
 """Crash tests: a forked child appends (with overwrites, hard states,
-snapshots, releases, roll-overs) and reports every durability callback down a
+snapshots, snapshot installs that restart the log, releases, roll-overs) and reports every durability callback down a
 pipe; the parent SIGKILLs it at a random moment (during recovery, or after a
 random number of durable reports), recovers the directory, and checks:
 
@@ -72,7 +72,14 @@ def _child(path: Path, wfd: int, seed: int) -> None:  # pragma: no cover - runs 
                 out(f"S {g} {idx} {t}")
                 log.save_snapshot(idx, t, b"cfg", f"state-{g}-{idx}-{t}".encode())
                 out(f"s {g} {idx} {t}")
-            elif r < 0.26 and snap is not None:
+            elif r < 0.22:
+                # a follower installs a snapshot past its log: the next append restarts it
+                idx = max(last, snap_index) + rng.randint(1, 5)
+                term[g] += 1
+                out(f"I {g} {idx} {term[g]}")
+                log.save_snapshot(idx, term[g], b"cfg", f"state-{g}-{idx}-{term[g]}".encode())
+                out(f"s {g} {idx} {term[g]}")
+            elif r < 0.28 and snap is not None:
                 live = rng.randint(max(1, snap_index - 20), last + 1)
                 out(f"L {g} {min(live, snap_index + 1)}")
                 log.release(live)
@@ -124,6 +131,9 @@ def _apply(tracks: dict[str, GroupTrack], line: str) -> None:
         t.hard_states.add(HardState(int(parts[2]), vote, int(parts[4])))
     elif kind == "S":
         t.snapshots.add((int(parts[2]), int(parts[3])))
+    elif kind == "I":  # snapshot install: entries up to it need not survive any more
+        t.snapshots.add((int(parts[2]), int(parts[3])))
+        t.release_bound = max(t.release_bound, int(parts[2]) + 1)
     elif kind == "s":
         t.snapshot_done = max(t.snapshot_done, int(parts[2]))
     elif kind == "L":
@@ -180,7 +190,8 @@ def _verify(path: Path, tracks: dict[str, GroupTrack]) -> None:
             log = m.open_group(g)
             first, last = log.first_index(), log.last_index()
             snap = log.snapshot_meta()
-            got = log.entries(first, log_last + 1) if (log_last := _log_last(log)) >= first else []
+            log_last = log.last_entry_index()
+            got = log.entries(first, log_last + 1) if log_last >= first else []
             prev_term = 0
             for e in got:
                 assert (e.index, e.term) in t.written, f"{g}: entry {e.index}/{e.term} never written"
@@ -204,21 +215,6 @@ def _verify(path: Path, tracks: dict[str, GroupTrack]) -> None:
             # the next incarnation starts from exactly what was recovered
             t.intended = dict(recovered)
             t.durable_upto = max(recovered, default=0)
-
-
-def _log_last(log: object) -> int:
-    from broker.storage import GroupLog
-
-    assert isinstance(log, GroupLog)
-    snap = log.snapshot_meta()
-    last = log.last_index()
-    if snap is not None and last == snap.index:
-        # last_index() reports the snapshot when the log ends below it
-        try:
-            log.entries(last, last + 1)
-        except LookupError:
-            return last - 1 if log.first_index() <= last - 1 else log.first_index() - 1
-    return last
 
 
 @pytest.mark.slow

@@ -223,6 +223,7 @@ def test_snapshot_release_and_reset_after_snapshot_install(tmp_path: Path) -> No
         # a follower installs a snapshot past its log: the log restarts after it
         log.save_snapshot(100, 3, b"cfg2", b"state@100")
         assert log.last_index() == 100 and log.term(100) == 3
+        assert log.last_entry_index() == 40  # old entries stay until the log restarts
         with pytest.raises(LogGapError):
             log.append(entries("g", 102, 103, 3))
         log.append(entries("g", 101, 104, 3))
