@@ -3,6 +3,8 @@ RabbitMQ 3.10 node where 3.10 and 4.x agree) and policy precedence."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.queue import QueueArgumentError, QueueConfig, parse_queue_arguments
 
@@ -144,3 +146,27 @@ def test_target_group_size_takes_the_highest() -> None:
 def test_arguments_must_be_a_table() -> None:
     with pytest.raises(QueueArgumentError):
         parse_queue_arguments([], "q", "/")  # type: ignore[arg-type]
+
+
+_KEYS = ["x-max-length", "x-max-length-bytes", "x-overflow", "x-message-ttl", "x-expires",
+         "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-dead-letter-strategy",
+         "x-delivery-limit", "x-single-active-consumer", "x-max-priority",
+         "x-quorum-initial-group-size", "x-quorum-target-group-size", "x-queue-leader-locator"]
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
+                    st.floats(allow_nan=False), st.text(max_size=5),
+                    st.sampled_from(["drop-head", "reject-publish", "at-least-once",
+                                     "balanced", "client-local"]),
+                    st.lists(st.integers(), max_size=2))
+
+
+@given(st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=5))
+def test_any_argument_table_parses_or_is_refused_with_a_406(args: dict[str, object]) -> None:
+    try:
+        c = parse_queue_arguments(args, "q", "/")
+    except QueueArgumentError as e:
+        assert e.reply_code == 406 and e.reply_text.startswith("PRECONDITION_FAILED - ")
+        assert "queue 'q' in vhost '/'" in e.reply_text
+        return
+    assert c.max_length is None or c.max_length >= 0
+    assert c.delivery_limit is None or c.delivery_limit >= 0
+    assert c.overflow in ("drop-head", "reject-publish")
