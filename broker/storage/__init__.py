@@ -13,11 +13,13 @@ API (see docs/STORAGE.md for formats and directory layout):
     log.set_hard_state(HardState(term, voted_for, commit))
     log.entries(lo, hi, max_bytes=None)   # [lo, hi)
     log.term(i); log.first_index(); log.last_index(); log.durable_index()
+    log.last_entry_index()    # < last_index() right after a snapshot install
     log.hard_state(); log.durable_hard_state()
     log.save_snapshot(index, term, config, data)  # blocking, durable
     log.latest_snapshot(); log.snapshot_meta()
     log.release(smallest_live_index)   # delete segments below min(live, snapshot+1)
     log.close(); mgr.sync(); mgr.wait_flushed(); mgr.close()
+    mgr.delete_group(group_id); mgr.group_ids()
 
 Threads: appends and set_hard_state only queue work; one WAL writer thread
 per node writes everything queued with one pwrite + one fdatasync (group
