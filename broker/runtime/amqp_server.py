@@ -466,7 +466,8 @@ class Channel:
             groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
         self.unacked.clear()
         for (_, cid), (q, ids) in groups.items():
-            self.node.queue_command_nowait(q, qm.Return(cid, tuple(ids)))
+            self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids: self._forget_when_done(
+                cid, ids, q.command(qm.Return(cid, tuple(ids)))))
 
     def confirm_select(self, m: C.Confirm.Select) -> None:
         if self.tx:
@@ -622,10 +623,13 @@ class Channel:
         tag = self.next_tag
         self.next_tag = tag + 1
         conn = self.conn
+        # Invariant: a msg id stays in c.outstanding until its settle/return is
+        # applied by the queue, so a re-send after an election (which re-issues
+        # every checked-out message) never duplicates an in-flight ack.
+        c.outstanding.add(msg_id)
         if c.no_ack:
             self._settle_later(c.queue, c.cid, msg_id)
         else:
-            c.outstanding.add(msg_id)
             self.unacked[tag] = (c.queue, c.cid, msg_id)
         # x-delivery-count is a quorum-queue header (classic queues do not add it)
         props = msg[0] if not count or c.queue.kind != "quorum" else \
@@ -646,7 +650,12 @@ class Channel:
         settles, self._settles = self._settles, {}
         for (_, cid), (q, ids) in settles.items():
             if not q.deleted:
-                self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids: q.settle(cid, ids))
+                self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids: self._forget_when_done(
+                    cid, ids, q.settle(cid, ids)))
+
+    def _forget_when_done(self, cid: ConsumerId, ids: list[int], fut: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        fut.add_done_callback(lambda _f: self._forget_outstanding(cid, ids))
+        return fut
 
     def _take(self, tag: int, multiple: bool, m: Any) -> list[tuple[QueueProcess, ConsumerId, int]]:
         unacked = self.unacked
@@ -669,24 +678,23 @@ class Channel:
             raise ChannelError(406, f"unknown delivery tag {tag}", m)
         return [item]
 
-    def _forget_outstanding(self, cid: ConsumerId, msg_id: int) -> None:
+    def _forget_outstanding(self, cid: ConsumerId, ids: list[int]) -> None:
         c = self.consumers.get(cid.tag)
-        if c is not None:
-            c.outstanding.discard(msg_id)
+        if c is not None and c.cid == cid:
+            c.outstanding.difference_update(ids)
 
     def ack(self, tag: int, multiple: bool) -> None:
         for q, cid, msg_id in self._take(tag, multiple, _ACK):
-            self._forget_outstanding(cid, msg_id)
             self._settle_later(q, cid, msg_id)
 
     def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         groups: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
         for q, cid, msg_id in self._take(tag, multiple, _NACK):
-            self._forget_outstanding(cid, msg_id)
             groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
         for (_, cid), (q, ids) in groups.items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
-            self.node.queue_command_nowait(q, cmd)
+            self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids, cmd=cmd: self._forget_when_done(
+                cid, ids, q.command(cmd)))
 
     # ------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -123,8 +123,13 @@ def test_select_adapter_confirms_consume_ack(broker: BrokerProcess) -> None:
         state["count"] = frame.method.message_count
         state["conn"].close()
 
+    def on_open_error(c: Any, e: Any) -> None:
+        state["error"] = repr(e)
+        c.ioloop.stop()
+
     conn = pika.SelectConnection(pika.ConnectionParameters("127.0.0.1", broker.port), on_open_callback=on_open,
-                                 on_open_error_callback=lambda c, e: state.update(error=repr(e)))
+                                 on_open_error_callback=on_open_error,
+                                 on_close_callback=lambda c, e: c.ioloop.stop())
     state["conn"] = conn
     timer = conn.ioloop.call_later(20, conn.ioloop.stop)
     conn.ioloop.start()
@@ -230,7 +235,8 @@ def _raw_get(c: RawClient, queue: str) -> tuple[bytes, bytes, int]:
     frames: list[tuple[int, int, bytes]] = []
     while True:
         frames.extend(c.read_frames())
-        methods = [f for f in frames if f[0] == 1]
+        # publisher confirms (basic.ack) may arrive in between
+        methods = [f for f in frames if f[0] == 1 and struct.unpack_from(">HH", f[2]) != (60, 80)]
         if not methods:
             continue
         cls_meth = struct.unpack_from(">HH", methods[0][2])
