@@ -15,6 +15,8 @@ Commands (node ids are strings):
     tick [N...] [xCOUNT]  tick the given nodes (all by default) COUNT times, stabilizing each time
     stabilize            deliver messages until quiet, printing each one
     isolate N... | heal | crash N | restart N | snapshot N
+    async-disk N...      N's writes stay pending until `flush N`
+    flush N              N's pending writes become durable (persisted() is called)
     status N... | log N
 Output of `stabilize`/`tick` lists every message as `src->dst Kind fields`
 (with `DROPPED` when the network is cut) and every role change.
@@ -184,6 +186,20 @@ class Interpreter:
 
     def cmd_transfer(self, args: list[str], out: list[str]) -> None:
         self.cluster.node(args[0]).transfer_leadership(args[1])
+        self._stabilize(out)
+
+    # --- asynchronous durability
+    def cmd_async_disk(self, args: list[str], out: list[str]) -> None:
+        """Writes of these nodes stay pending until `flush N` (a slow fsync)."""
+        for nid in args:
+            self.cluster.hosts[nid].persist_delay = lambda: 1 << 40
+        out.append("ok")
+
+    def cmd_flush(self, args: list[str], out: list[str]) -> None:
+        """Complete the pending writes of N: they are now durable."""
+        h = self.cluster.hosts[args[0]]
+        out.append(f"{args[0]}: {len(h.pending)} write(s) now durable")
+        h.flush_writes(1 << 41)
         self._stabilize(out)
 
     # --- faults
