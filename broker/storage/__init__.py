@@ -51,7 +51,7 @@ from .errors import (
     StorageIOError,
     UnavailableError,
 )
-from .manager import GroupLog, LogManager, OnDurable, OnError
+from .manager import GroupLog, LogManager, OnDurable, OnError, RandomSource
 from .types import (
     SEGMENT_MAX_ENTRIES_LIMIT,
     Entry,
@@ -87,6 +87,7 @@ __all__ = [
     "LogManager",
     "OnDurable",
     "OnError",
+    "RandomSource",
     "Snapshot",
     "SnapshotMeta",
     "StorageConfig",

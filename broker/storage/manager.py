@@ -29,12 +29,14 @@ import fcntl
 import logging
 import os
 import queue
+import random
 import shutil
 import struct
 import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from . import codec
 from .errors import (
@@ -56,6 +58,12 @@ from .files import fsync_dir, makedirs_durable, read_file, write_all, write_file
 from .types import Entry, HardState, Snapshot, SnapshotMeta, StorageConfig
 
 log = logging.getLogger(__name__)
+
+class RandomSource(Protocol):
+    """Randomness the LogManager needs (inject a seeded random.Random in tests)."""
+
+    def randint(self, a: int, b: int) -> int: ...
+
 
 OnDurable = Callable[[str, int, int], None]
 OnError = Callable[[str, BaseException], None]
@@ -779,8 +787,14 @@ class LogManager:
         config: StorageConfig | None = None,
         on_durable: OnDurable | None = None,
         on_error: OnError | None = None,
+        rng: RandomSource | None = None,
     ) -> None:
         self.config = config if config is not None else StorageConfig()
+        cfg = self.config
+        self._roll_at = cfg.wal_max_size_bytes
+        if cfg.stagger_first_roll_over:
+            rand = rng if rng is not None else random.Random()
+            self._roll_at = rand.randint(max(1, cfg.wal_max_size_bytes // 2), cfg.wal_max_size_bytes)
         self.data_dir = os.fspath(data_dir)
         self._wal_dir = os.path.join(self.data_dir, "wal")
         self._groups_dir = os.path.join(self.data_dir, "groups")
@@ -1259,7 +1273,7 @@ class LogManager:
                 nbytes += item.nbytes
             try:
                 self._write_batch(batch)
-                if self._offset >= cfg.wal_max_size_bytes:
+                if self._offset >= self._roll_at:
                     self._rollover()
             except Exception:  # pragma: no cover - a bug; keep the node's WAL alive
                 log.exception("storage: WAL writer error")
@@ -1419,6 +1433,7 @@ class LogManager:
         self._offset = codec.WAL_HEADER_SIZE
         self._defined = set()
         self.stats["rollovers"] += 1
+        self._roll_at = self.config.wal_max_size_bytes
         self._carry_needed = True
         self._pending_flush.append(old_gen)
         self._write_batch([])  # carry group ids + hard states into the new file

@@ -79,6 +79,9 @@ class StorageConfig:
     sync_method: SyncMethod = "fdatasync"
     #: How many segment files (open fd + parsed index) the node keeps cached.
     segment_cache_size: int = 64
+    #: The first WAL after a start rolls over at a random size in
+    #: [max/2, max], so nodes sharing a disk do not all flush at once (as Ra).
+    stagger_first_roll_over: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.segment_max_entries, int) or isinstance(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,7 +62,8 @@ def manager(path: Path, config: StorageConfig = TINY, durable: Durable | None = 
     d = durable
     m = LogManager(path, config,
                    on_durable=d.on_durable if d else None,
-                   on_error=d.on_error if d else None)
+                   on_error=d.on_error if d else None,
+                   rng=random.Random(len(str(path))))
     try:
         yield m
     finally:

@@ -48,7 +48,7 @@ def test_concurrent_groups_with_background_rollover(tmp_path: Path) -> None:
     d = Durable()
     refs: dict[str, dict[int, Entry]] = {f"g{n}": {} for n in range(THREADS)}
     failures: list[BaseException] = []
-    with LogManager(tmp_path, CFG, on_durable=d.on_durable) as m:
+    with LogManager(tmp_path, CFG, on_durable=d.on_durable, rng=random.Random(1)) as m:
         threads = [threading.Thread(target=_worker, args=(m, g, n, refs[g], failures))
                    for n, g in enumerate(refs)]
         for t in threads:

@@ -41,7 +41,7 @@ def _child(path: Path, wfd: int, seed: int) -> None:  # pragma: no cover - runs 
         out(f"D {g} {i} {t}")
 
     try:
-        m = LogManager(path, CFG, on_durable=on_durable)
+        m = LogManager(path, CFG, on_durable=on_durable, rng=rng)
         logs = {g: m.open_group(g) for g in GROUPS}
         term = {}
         for g, log in logs.items():

@@ -352,3 +352,26 @@ def test_batch_caps_bound_each_write(tmp_path: Path) -> None:
         # at most one append per write: at least one fsync each
         assert m.stats["fsyncs"] - before >= 20
         assert log.durable_index() == 20
+
+
+class _Lowest:
+    def randint(self, a: int, b: int) -> int:
+        return a
+
+
+def test_first_roll_over_is_staggered_between_half_and_full_size(tmp_path: Path) -> None:
+    def wal_bytes_until_first_roll_over(stagger: bool, path: Path) -> int:
+        cfg = StorageConfig(wal_max_size_bytes=8192, stagger_first_roll_over=stagger)
+        with LogManager(path, cfg, rng=_Lowest()) as m:
+            log = m.open_group("g")
+            i = 0
+            while m.stats["rollovers"] == 0:
+                i += 1
+                log.append([Entry(i, 1, b"x" * 200)])
+                m.sync()
+            return m.stats["bytes"]
+
+    staggered = wal_bytes_until_first_roll_over(True, tmp_path / "a")
+    plain = wal_bytes_until_first_roll_over(False, tmp_path / "b")
+    assert 4096 - 16 <= staggered < 4096 + 300
+    assert 8192 - 16 <= plain < 8192 + 300

@@ -8,6 +8,7 @@ After every step the storage must agree with the model.
 """
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ class StorageMachine(RuleBasedStateMachine):
         self._open()
 
     def _open(self) -> None:
-        self.mgr = LogManager(self.dir, CFG)
+        self.mgr = LogManager(self.dir, CFG, rng=random.Random(0))
         self.logs = {g: self.mgr.open_group(g) for g in GROUPS}
 
     def teardown(self) -> None:
