@@ -166,10 +166,15 @@ class Status:
 
 
 class _SnapRecv:
-    __slots__ = ("meta", "chunks", "next_offset")
+    """A snapshot being reassembled. Chunks are only combined from one
+    sender in one term: two leaders may serialise the same state differently."""
 
-    def __init__(self, meta: SnapshotMeta) -> None:
+    __slots__ = ("meta", "src", "term", "chunks", "next_offset")
+
+    def __init__(self, meta: SnapshotMeta, src: NodeId, term: int) -> None:
         self.meta = meta
+        self.src = src
+        self.term = term
         self.chunks: list[bytes] = []
         self.next_offset = 0
 
@@ -560,11 +565,11 @@ class RaftNode:
             )
             return
         r = self._snap_recv
-        if r is None or r.meta != meta:
+        if r is None or r.meta != meta or r.src != m.src or r.term != m.term:
             if m.offset != 0:
                 self._send(InstallSnapshotResponse(Term(self.term), self.id, m.src, meta.index, 0, False, self._group))
                 return
-            r = self._snap_recv = _SnapRecv(meta)
+            r = self._snap_recv = _SnapRecv(meta, m.src, m.term)
         if m.offset == r.next_offset:
             r.chunks.append(m.data)
             r.next_offset += len(m.data)

@@ -736,3 +736,21 @@ def test_make_entries_builds_the_same_frozen_entries_as_the_constructor() -> Non
     assert got == [Entry(Term(3), Index(7), EntryKind.NORMAL, b"a"), Entry(Term(3), Index(8), EntryKind.NORMAL, b"bb")]
     with pytest.raises(FrozenInstanceError):
         got[0].term = Term(4)  # type: ignore[misc]
+
+
+def test_7_snapshot_chunks_from_another_leader_restart_reassembly() -> None:
+    from broker.raft import InstallSnapshotResponse, Membership, SnapshotMeta
+
+    n = node(check_quorum=False)
+    meta = SnapshotMeta(Index(10), Term(1), Membership(frozenset({N("1"), N("2"), N("3")})))
+    n.step(InstallSnapshot(Term(1), N("2"), N("1"), meta, 0, b"A" * 8, False))
+    # Same snapshot point, new leader and term: its bytes may differ, so the
+    # follower asks it to start over instead of mixing the two.
+    n.step(InstallSnapshot(Term(2), N("3"), N("1"), meta, 8, b"B" * 8, True))
+    acks = [m for m in drain(n) if isinstance(m, InstallSnapshotResponse)]
+    assert [(m.dst, m.next_offset, m.done) for m in acks] == [("2", 8, False), ("3", 0, False)]
+    n.step(InstallSnapshot(Term(2), N("3"), N("1"), meta, 0, b"B" * 8, False))
+    n.step(InstallSnapshot(Term(2), N("3"), N("1"), meta, 8, b"B" * 8, True))
+    rd = n.ready()
+    assert rd.snapshot is not None and rd.snapshot.data == b"B" * 16
+    assert n.commit_index == 10 and n.log.last_index() == 10
