@@ -11,7 +11,7 @@ learns about durability only from on_durable callbacks. An entry counts once
 on_durable reports it durable (after its fdatasync).
 
     .venv/bin/python bench/storage.py [--seconds 3] [--groups 1,10,100]
-        [--inflight 16384] [--chunk 32] [--dir DIR] [--wal-max-mib 64]
+        [--inflight 16384] [--chunk 32] [--dir DIR] [--wal-max-mib 64] [--sync none]
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def raw_fdatasync_rate(directory: str, seconds: float, block_size: int = 4096) -
 
 
 def run(directory: str, ngroups: int, seconds: float, window: int, chunk: int,
-        wal_max: int) -> dict[str, float]:
+        wal_max: int, sync: str = "fdatasync") -> dict[str, float]:
     data_dir = tempfile.mkdtemp(prefix="qq-bench-", dir=directory)
     cv = threading.Condition()
     durable: dict[str, int] = {}
@@ -56,7 +56,7 @@ def run(directory: str, ngroups: int, seconds: float, window: int, chunk: int,
             durable[group] = index
             cv.notify()
 
-    cfg = StorageConfig(wal_max_size_bytes=wal_max)
+    cfg = StorageConfig(wal_max_size_bytes=wal_max, sync_method=sync)  # type: ignore[arg-type]
     mgr = LogManager(data_dir, cfg, on_durable=on_durable)
     try:
         names = [f"%2F/bench-{n}" for n in range(ngroups)]
@@ -110,12 +110,15 @@ def main() -> None:
     ap.add_argument("--dir", default=os.path.dirname(os.path.abspath(__file__)),
                     help="directory on the disk to measure (default: next to this script)")
     ap.add_argument("--wal-max-mib", type=int, default=64)
+    ap.add_argument("--sync", default="fdatasync", choices=["fdatasync", "fsync", "none"],
+                    help="'none' measures the software cost alone (NOT durable)")
     args = ap.parse_args()
     print(f"1 KiB entries, {args.inflight} in flight, {args.chunk} entries/append, "
-          f"WAL roll-over at {args.wal_max_mib} MiB, dir {args.dir}")
+          f"WAL roll-over at {args.wal_max_mib} MiB, sync {args.sync}, dir {args.dir}")
     for n in (int(x) for x in args.groups.split(",")):
         window = max(args.inflight // n, args.chunk)
-        r = run(args.dir, n, args.seconds, window, args.chunk, args.wal_max_mib * 1024 * 1024)
+        r = run(args.dir, n, args.seconds, window, args.chunk, args.wal_max_mib * 1024 * 1024,
+                args.sync)
         print(f"groups={n:4d}  durable entries/s={r['entries_s']:9.0f}  MB/s={r['mb_s']:6.1f}  "
               f"fdatasyncs/s={r['fsyncs_s']:6.0f}  entries/batch={r['batch']:7.0f}  "
               f"roll-overs={r['rollovers']:.0f}")
