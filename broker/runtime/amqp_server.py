@@ -452,12 +452,16 @@ class Channel:
             self.send(C.Basic.GetEmpty())
 
     def basic_recover(self, m: Any) -> None:
-        # requeue=true and false both return unacked messages (RabbitMQ quorum queues
-        # cannot redeliver to the same consumer without requeueing).
+        # RabbitMQ supports only requeue=true (unacked messages go back to their
+        # queues); requeue=false is a 540 connection error, for recover-async too.
+        if not m.requeue:
+            raise ConnectionError_(540, "requeue=false", m)
         self._return_all_unacked()
         self.send(C.Basic.RecoverOk())
 
     def basic_recover_async(self, m: Any) -> None:
+        if not m.requeue:
+            raise ConnectionError_(540, "requeue=false", m)
         self._return_all_unacked()
 
     def _return_all_unacked(self) -> None:

@@ -463,6 +463,17 @@ def s_acks_and_redelivery(port: int) -> dict[str, Any]:
     ch.cancel()
     r["consumed"] = seen
     r["left"] = ch.queue_declare("ar-q", passive=True).method.message_count
+    # get-ok's message_count, purge with unacked messages, recover(requeue=False) (refused),
+    # nack of everything (tag 0, multiple), cancel of an unknown consumer tag
+    for i in range(4):
+        ch.basic_publish("", "ar-q", b"g%d" % i)
+    gets = [ch.basic_get("ar-q") for _ in range(2)]
+    r["get_ok_counts"] = [m.message_count for m, _p, _b in gets]
+    r["purged"] = ch.queue_purge("ar-q").method.message_count  # the two unacked stay
+    r["recover_no_requeue"] = conn_attempt(port, lambda c: c.basic_recover(requeue=False))
+    ch.basic_nack(0, multiple=True, requeue=True)
+    r["after_nack_all"] = drain_get(ch, "ar-q", ack=True)
+    r["cancel_unknown"] = attempt(conn, lambda c: c.basic_cancel("no-such-tag"))
     ch.queue_delete("ar-q")
     conn.close()
     return r
