@@ -395,6 +395,6 @@ class QueueModel(RuleBasedStateMachine):
             assert to_plain(self.shadow) == to_plain(self.state)
 
 
-QueueModel.TestCase.settings = settings(max_examples=600, stateful_step_count=40,
+QueueModel.TestCase.settings = settings(max_examples=500, stateful_step_count=40,
                                             report_multiple_bugs=False)
 TestQueueModel = QueueModel.TestCase
