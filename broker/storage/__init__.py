@@ -51,6 +51,7 @@ from .errors import (
     StorageIOError,
     UnavailableError,
 )
+from .inspection import GroupInfo, SegmentInfo, read_segment_info, scan_group, scan_node
 from .manager import GroupLog, LogManager, OnDurable, OnError, RandomSource
 from .types import (
     SEGMENT_MAX_ENTRIES_LIMIT,
@@ -77,6 +78,7 @@ __all__ = [
     "GroupClosedError",
     "GroupFailedError",
     "GroupId",
+    "GroupInfo",
     "GroupLog",
     "HardState",
     "Index",
@@ -88,6 +90,7 @@ __all__ = [
     "OnDurable",
     "OnError",
     "RandomSource",
+    "SegmentInfo",
     "Snapshot",
     "SnapshotMeta",
     "StorageConfig",
@@ -99,4 +102,7 @@ __all__ = [
     "UnavailableError",
     "decode_group_dir",
     "encode_group_dir",
+    "read_segment_info",
+    "scan_group",
+    "scan_node",
 ]
