@@ -20,6 +20,7 @@ API (see docs/STORAGE.md for formats and directory layout):
     log.release(smallest_live_index)   # delete segments below min(live, snapshot+1)
     log.close(); mgr.sync(); mgr.wait_flushed(); mgr.close()
     mgr.delete_group(group_id); mgr.group_ids()
+    scan_node(data_dir)       # offline, read-only: segments/live ranges/snapshots per group
 
 Threads: appends and set_hard_state only queue work; one WAL writer thread
 per node writes everything queued with one pwrite + one fdatasync (group
