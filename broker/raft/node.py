@@ -241,6 +241,10 @@ class RaftNode:
         self.transferee: NodeId | None = None
         self.transfer_elapsed = 0
         self._snap_recv: _SnapRecv | None = None
+        # Proposals since the last ready() still to be broadcast. Deferring the
+        # broadcast to ready() batches every proposal made between two
+        # Readies into one AppendEntries per follower.
+        self._bcast_pending = False
         # Outputs.
         self._msgs: list[Message] = []
         # (seq that must be durable, message), non-decreasing seq.
@@ -825,18 +829,24 @@ class RaftNode:
             raise NotLeader(self.lead)
         if self.transferee is not None:
             raise ProposalDropped(f"leadership transfer to {self.transferee} in progress")
-        if self.id not in self.config.members:
+        if self.id not in self.config.voters:
             raise ProposalDropped("this leader has been removed from the group")
 
     def propose(self, data: bytes) -> Index:
-        """Append a command; returns its index. Raises NotLeader(leader_id)."""
-        self._check_can_propose()
+        """Append a command; returns its index. Raises NotLeader(leader_id),
+        ProposalDropped(reason). The AppendEntries go out with the next
+        ready(), together with every other proposal made before it."""
+        if self.role is not Role.LEADER or self.transferee is not None:
+            self._check_can_propose()
         if type(data) is not bytes:
             raise RaftUsageError(f"proposal data must be bytes, not {type(data).__name__}")
-        idx = self.log.last_index() + 1
-        self.log.append([Entry(Term(self.term), Index(idx), _NORMAL, data)])
-        self._bcast_append()
-        return Index(idx)
+        # Hot path: a leader's log only grows at its end, so append straight
+        # to the unstable tail (offset + len == last_index() + 1 always).
+        u = self.log.unstable
+        idx = u.offset + len(u.entries)
+        u.entries.append(Entry(self.term, idx, _NORMAL, data))  # type: ignore[arg-type]
+        self._bcast_pending = True
+        return idx  # type: ignore[return-value]
 
     def propose_batch(self, datas: Sequence[bytes]) -> list[Index]:
         """Append several commands at once (one broadcast); returns their indexes."""
@@ -848,7 +858,7 @@ class RaftNode:
         first = self.log.last_index() + 1
         t = Term(self.term)
         self.log.append(make_entries(t, Index(first), _NORMAL, datas))
-        self._bcast_append()
+        self._bcast_pending = True  # sent by the next ready(): one append for many proposals
         return list(range(first, first + len(datas)))  # type: ignore[arg-type]
 
     def propose_conf_change(self, cc: ConfChange) -> Index:
@@ -867,7 +877,7 @@ class RaftNode:
         self.log.append([e])
         self._pending_confs.append(idx)
         self.pending_conf_index = idx
-        self._bcast_append()
+        self._bcast_pending = True  # sent by the next ready(): one append for many proposals
         return Index(idx)
 
     def _maybe_auto_promote(self, to: NodeId, pr: Progress) -> None:
@@ -1001,7 +1011,7 @@ class RaftNode:
 
     # ------------------------------------------------------------------ outputs
     def has_ready(self) -> bool:
-        if self._msgs:
+        if self._msgs or self._bcast_pending:
             return True
         held = self._held
         if held and (held[0][0] <= self._persisted_seq or held[-1][0] >= self._next_seq):
@@ -1019,6 +1029,10 @@ class RaftNode:
     def ready(self) -> Ready:
         """Hand out the pending work (see module docstring). Entries, hard
         state and snapshot returned here are never returned again."""
+        if self._bcast_pending:
+            self._bcast_pending = False
+            if self.role is Role.LEADER:
+                self._bcast_append()
         seq = self._next_seq
         self._next_seq = seq + 1
         ss: SoftState | None = None
