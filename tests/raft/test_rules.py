@@ -754,3 +754,15 @@ def test_7_snapshot_chunks_from_another_leader_restart_reassembly() -> None:
     rd = n.ready()
     assert rd.snapshot is not None and rd.snapshot.data == b"B" * 16
     assert n.commit_index == 10 and n.log.last_index() == 10
+
+
+def test_5_3_proposals_between_two_readies_leave_in_one_append_per_follower() -> None:
+    c = Cluster("123")
+    c.elect("1")
+    n1 = c.node("1")
+    idxs = [n1.propose(b"p%d" % k) for k in range(5)]
+    assert idxs == [2, 3, 4, 5, 6] and n1.has_ready()
+    rd = n1.ready()
+    apps = [m for m in rd.messages if isinstance(m, AppendEntries)]
+    assert sorted(m.dst for m in apps) == ["2", "3"]
+    assert all([e.index for e in m.entries] == idxs for m in apps)
