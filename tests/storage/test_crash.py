@@ -154,32 +154,36 @@ def _run_child_and_kill(path: Path, rng: random.Random, tracks: dict[str, GroupT
     reports = 0
     buf = b""
     killed = False
-    if target < 0:
-        os.kill(pid, signal.SIGKILL)
-        killed = True
-    while True:
+    try:
+        if target < 0:
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+        while True:
+            if not killed:
+                ready, _, _ = select.select([rfd], [], [], 30)
+                assert ready, "child made no progress for 30 s"
+            chunk = os.read(rfd, 65536)
+            if not chunk:
+                break
+            buf += chunk
+            *lines, rest = buf.split(b"\n")
+            buf = rest
+            for raw in lines:
+                line = raw.decode()
+                _apply(tracks, line)
+                if line.startswith("D"):
+                    reports += 1
+                if not killed and reports >= target and (line.startswith("D") or target == 0):
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+    finally:
         if not killed:
-            ready, _, _ = select.select([rfd], [], [], 30)
-            assert ready, "child made no progress for 30 s"
-        chunk = os.read(rfd, 65536)
-        if not chunk:
-            break
-        buf += chunk
-        *lines, rest = buf.split(b"\n")
-        buf = rest
-        for raw in lines:
-            line = raw.decode()
-            _apply(tracks, line)
-            if line.startswith("D"):
-                reports += 1
-            if not killed and reports >= target and (line.startswith("D") or target == 0):
-                os.kill(pid, signal.SIGKILL)
-                killed = True
-    _, status = os.waitpid(pid, 0)
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        os.close(rfd)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
         f"child exited by itself: {status}"
     )
-    os.close(rfd)
     return reports
 
 
