@@ -80,3 +80,38 @@ def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: 
             assert read_all(m.open_group("b")) == [Entry(1, 1, payload("b", 1, 1, 100))]
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.root
+def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        cfg = StorageConfig(wal_max_size_bytes=16 * 1024, segment_max_entries=4096,
+                            stagger_first_roll_over=False)
+        d = Durable()
+        with LogManager(mnt / "node", cfg, on_durable=d.on_durable, on_error=d.on_error) as m:
+            log = m.open_group("a")
+            filler = mnt / "filler"
+            _fill(filler)
+            # room for the WAL, not for a segment file (its index alone is 128 KiB)
+            os.truncate(filler, filler.stat().st_size - 64 * 1024)
+            i = 0
+            while m.stats["rollovers"] == 0:
+                i += 1
+                log.append([Entry(i, 1, payload("a", i, 1, 100))])
+                m.sync()
+            written = [Entry(k, 1, payload("a", k, 1, 100)) for k in range(1, i + 1)]
+            assert not d.errors  # WAL writes fit; only the background flush is stuck
+            assert not m.wait_flushed(1.0)
+            assert len(m.wal_files()) == 2
+            assert read_all(log) == written and log.durable_index() == i
+            filler.unlink()
+            assert m.wait_flushed(30)
+            assert len(m.wal_files()) == 1 and log.segment_files()
+            assert read_all(log) == written
+        with LogManager(mnt / "node", cfg) as m:
+            assert read_all(m.open_group("a")) == written
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
