@@ -189,6 +189,38 @@ def s_routing(port: int) -> dict[str, Any]:
     return r
 
 
+def s_exchange_edges(port: int) -> dict[str, Any]:
+    """Binding/declaration edge cases and topic matching corner cases."""
+    conn = connect(port)
+    r: dict[str, Any] = {}
+    ch = conn.channel()
+    ch.exchange_declare("pe-h", "headers")
+    ch.exchange_declare("pe-t", "topic")
+    ch.exchange_delete("pe-ae")
+    fresh(ch, "pe-q")
+    r["xmatch_bogus"] = attempt(conn, lambda c: c.queue_bind("pe-q", "pe-h", "", arguments={"x-match": "bogus"}))
+    r["xmatch_any_with_x"] = attempt(conn, lambda c: c.queue_bind("pe-q", "pe-h", "", arguments={
+        "x-match": "any-with-x", "x-a": 1}))
+    r["e2e_missing_dest"] = attempt(conn, lambda c: c.exchange_bind("pe-nope", "pe-t", "k"))
+    r["e2e_missing_src"] = attempt(conn, lambda c: c.exchange_bind("pe-t", "pe-nope", "k"))
+    r["amq_redeclare_type"] = attempt(conn, lambda c: c.exchange_declare("amq.direct", "fanout", durable=True))
+    r["ae_missing"] = attempt(conn, lambda c: c.exchange_declare("pe-ae", "direct", arguments={
+        "alternate-exchange": "pe-none"}))
+    r["unbind_missing_q"] = attempt(conn, lambda c: c.queue_unbind("pe-noq", "pe-t", "k"))
+    r["unbind_missing_x"] = attempt(conn, lambda c: c.queue_unbind("pe-q", "pe-nox", "k"))
+    for q, key in [("pe-t1", "#"), ("pe-t2", "a.#.b"), ("pe-t3", "*.*"), ("pe-t4", "#.x.#")]:
+        fresh(ch, q)
+        ch.queue_bind(q, "pe-t", key)
+    ch.confirm_delivery()
+    for rk in ["", "a", "a.b", "a.c.d.b", "a..b", "x", "q.x", "x.q.r", ".", "a.b.", "*", "#"]:
+        ch.basic_publish("pe-t", rk, rk.encode() or b"<empty>")
+    for q in ["pe-t1", "pe-t2", "pe-t3", "pe-t4"]:
+        r[q] = [b for b, _, _ in drain_get(ch, q)]
+        ch.queue_delete(q)
+    conn.close()
+    return r
+
+
 def s_alternate_exchange(port: int) -> dict[str, Any]:
     conn = connect(port)
     ch = conn.channel()
@@ -787,6 +819,7 @@ class Scenario:
 SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_exchange_errors),
     Scenario(s_routing),
+    Scenario(s_exchange_edges),
     Scenario(s_alternate_exchange),
     Scenario(s_queue_errors),
     Scenario(s_queue_arguments),
