@@ -51,6 +51,12 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     ch.exchange_declare("dur-x", "direct", durable=True)
     ch.queue_declare("dur-q", durable=True, arguments={**QQ, "x-max-length": 100000})
     ch.queue_bind("dur-q", "dur-x", "k")
+    # an exchange-to-exchange binding and a durable classic queue (its definition
+    # survives; its messages live in memory, see ClassicQueue)
+    ch.exchange_declare("dur-fan", "fanout", durable=True)
+    ch.exchange_bind("dur-x", "dur-fan")
+    ch.queue_declare("dur-classic", durable=True)
+    ch.queue_bind("dur-classic", "dur-fan")
     ch.confirm_delivery()
     for i in range(5):
         ch.basic_publish("dur-x", "k", b"u%d" % i, BasicProperties(delivery_mode=2))
@@ -102,9 +108,9 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     assert published[:n_confirmed] == [b"p%d" % i for i in range(n_confirmed)]
     assert published[n_confirmed:] == [b"p%d" % i for i in range(n_confirmed, len(published))]
     assert len(published) - n_confirmed <= 1  # one publish at a time was in flight
-    # the binding survived: a publish through dur-x still reaches dur-q
+    # the bindings survived: dur-fan -> dur-x -(k)-> dur-q and dur-fan -> dur-classic
+    ch.queue_declare("dur-classic", passive=True)
     ch.confirm_delivery()
-    ch.basic_publish("dur-x", "k", b"after", BasicProperties(delivery_mode=2), mandatory=True)
-    method, _props, body = ch.basic_get("dur-q", auto_ack=True)
-    assert body == b"after"
+    ch.basic_publish("dur-fan", "k", b"after", BasicProperties(delivery_mode=2), mandatory=True)
+    assert [ch.basic_get(q, auto_ack=True)[2] for q in ("dur-q", "dur-classic")] == [b"after", b"after"]
     conn.close()
