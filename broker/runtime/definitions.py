@@ -90,7 +90,7 @@ def _items(doc: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, Any
     items = doc.get(key) or []
     if not isinstance(items, list):
         raise DefinitionsError(f"'{key}' must be a list")
-    out = []
+    out: list[tuple[str, Mapping[str, Any]]] = []
     for i, item in enumerate(items):
         where = f"{key}[{i}]"
         if not isinstance(item, dict):

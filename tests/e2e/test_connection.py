@@ -185,8 +185,12 @@ def describe(value: Any) -> str:
 
 
 def both(defs_broker: BrokerProcess, rabbitmq_defs: int, scenario: Any) -> tuple[Any, Any]:
-    """Run `scenario(port)` on our broker and on RabbitMQ: (ours, theirs)."""
-    return scenario(defs_broker.port), scenario(rabbitmq_defs)
+    """Run `scenario(port)` on our broker and on RabbitMQ, concurrently (RabbitMQ
+    waits up to 3 s before closing after some errors): (ours, theirs)."""
+    with ThreadPoolExecutor(2) as pool:
+        ours = pool.submit(scenario, defs_broker.port)
+        theirs = pool.submit(scenario, rabbitmq_defs)
+        return ours.result(), theirs.result()
 
 
 def opened(port: int, **kw: Any) -> Wire:
