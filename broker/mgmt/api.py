@@ -219,6 +219,7 @@ async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamR
             raise match.http_exception
         if not getattr(match.route.handler, "public", False):
             request["ctx"] = authenticate(request, node)
+        check_query(request, match.route.handler)
         return await handler(request)
     except ApiError as exc:
         return error_response(exc.status, exc.error, exc.reason)
@@ -229,6 +230,29 @@ async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamR
                 resp.headers["Allow"] = exc.headers["Allow"]
             return resp
         raise
+
+
+#: Query parameters RabbitMQ's management clients send for display purposes
+#: (paging, sorting, column selection, rate windows); accepted and ignored.
+IGNORED_QUERY = frozenset({
+    "columns", "disable_stats", "enable_queue_totals", "sort", "sort_reverse", "page",
+    "page_size", "pagination", "use_regex", "lengths_age", "lengths_incr", "msg_rates_age",
+    "msg_rates_incr", "data_rates_age", "data_rates_incr"})
+#: Query parameters each handler understands (by handler name); any other is a 400.
+QUERY_PARAMS: dict[str, frozenset[str]] = {
+    "delete_queue": frozenset({"if-empty", "if-unused"}),
+    "delete_member": frozenset({"force"}),
+    "grow": frozenset({"progress"}), "shrink": frozenset({"progress"}),
+    "rebalance": frozenset({"progress"}), "drain": frozenset({"progress"}),
+    "health_quorum_critical": frozenset({"node"}),
+}
+
+
+def check_query(request: web.Request, handler: Any) -> None:
+    allowed = QUERY_PARAMS.get(getattr(handler, "__name__", ""), frozenset())
+    for key in request.query:
+        if key not in allowed and key not in IGNORED_QUERY:
+            raise ApiError(400, f"unknown query parameter '{key}'")
 
 
 def authenticate(request: web.Request, node: Any) -> Ctx:
