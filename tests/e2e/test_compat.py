@@ -785,6 +785,38 @@ def plain(value: Any) -> Any:
     return value
 
 
+def s_prefetch_per_consumer(port: int) -> dict[str, Any]:
+    """basic.qos applies to consumers created after it; acks free credit."""
+    conn = connect(port)
+    ch = conn.channel()
+    fresh(ch, "pf-q", QQ)
+    ch.confirm_delivery()
+    for i in range(10):
+        ch.basic_publish("", "pf-q", b"%d" % i)
+    cch = conn.channel()
+    got: dict[str, list[Any]] = {"a": [], "b": []}
+    cch.basic_qos(prefetch_count=1)
+    cch.basic_consume("pf-q", lambda c, m, p, b: got["a"].append(m.delivery_tag), consumer_tag="a")
+    cch.basic_qos(prefetch_count=3)
+    cch.basic_consume("pf-q", lambda c, m, p, b: got["b"].append(m.delivery_tag), consumer_tag="b")
+    import time
+    deadline = time.monotonic() + 10
+    while len(got["a"]) + len(got["b"]) < 4 and time.monotonic() < deadline:
+        conn.process_data_events(0.01)
+    conn.process_data_events(0.2)  # nothing more may come: both are at their limit
+    r: dict[str, Any] = {"first": (len(got["a"]), len(got["b"]))}
+    cch.basic_ack(got["b"][-1], multiple=True)  # acks a's one too if it came first
+    deadline = time.monotonic() + 10
+    while len(got["a"]) + len(got["b"]) < 8 and time.monotonic() < deadline:
+        conn.process_data_events(0.01)
+    conn.process_data_events(0.2)
+    r["after_ack"] = len(got["a"]) + len(got["b"])
+    r["ready"] = ch.queue_declare("pf-q", passive=True).method.message_count
+    ch.queue_delete("pf-q")
+    conn.close()
+    return r
+
+
 def _same(r: Any) -> Any:
     return r
 
@@ -834,6 +866,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_cancel_notify),
     Scenario(s_transactions),
     Scenario(s_consumer_priority),
+    Scenario(s_prefetch_per_consumer),
     Scenario(s_delivery_limit, _delivery_limit_to_4x),
     Scenario(s_bindings_and_auto_delete),
 ]}
