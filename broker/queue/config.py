@@ -9,8 +9,8 @@ channel-close text RabbitMQ gives (406 PRECONDITION_FAILED).
 Precedence, as RabbitMQ's quorum queues implement it (rabbit_quorum_queue
 `gather_policy_config`): numeric limits (max-length, max-length-bytes,
 message-ttl, expires) take the *lowest* of argument, policy and operator
-policy; delivery-limit takes the lowest unless one of them is negative
-(unlimited), then the highest; overflow: the policy wins over the argument;
+policy; delivery-limit takes the lowest non-negative one (unlimited only if
+all given are negative); overflow: the policy wins over the argument;
 dead-letter-exchange / routing-key / strategy and leader locator: the argument
 wins over the policy; single-active-consumer and group size are
 declaration-only arguments.
@@ -244,11 +244,14 @@ def _min_opt(*values: int | None) -> int | None:
 
 
 def _delivery_limit(*values: int | None) -> int | None:
+    """Lowest non-negative of argument/policy/operator policy; unlimited (None)
+    only when every one given is negative; 20 when none is given
+    (rabbit_quorum_queue, unit_quorum_queue_SUITE ra_machine_conf_delivery_limit)."""
     present = [v for v in values if v is not None]
     if not present:
         return DEFAULT_DELIVERY_LIMIT
-    chosen = max(present) if any(v < 0 for v in present) else min(present)
-    return None if chosen < 0 else chosen
+    limits = [v for v in present if v >= 0]
+    return min(limits) if limits else None
 
 
 def parse_queue_arguments(args: dict[str, Any], queue: str, vhost: str,

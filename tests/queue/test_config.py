@@ -97,10 +97,15 @@ def test_delivery_limit_minus_one_disables_it() -> None:
     (None, 50, None, 50),
     (5, 50, None, 5),       # lowest wins
     (50, 5, None, 5),
-    (-1, 50, None, 50),     # a negative (unlimited) one: the highest wins
+    (-1, 50, None, 50),     # a non-negative one wins over unlimited
     (-1, None, None, None),
     (None, -1, 10, 10),
     (30, 40, 10, 10),
+    (-1, -1, 5, 5),
+    (5, -1, -1, 5),
+    (-1, 10, 5, 5),
+    (15, 10, 5, 5),
+    (-1, -1, -1, None),
 ])
 def test_delivery_limit_precedence(arg: int | None, pol: int | None, op: int | None,
                                    expected: int | None) -> None:
