@@ -243,6 +243,11 @@ def _min_opt(*values: int | None) -> int | None:
     return min(present) if present else None
 
 
+def _max_opt(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
 def _delivery_limit(*values: int | None) -> int | None:
     """Lowest non-negative of argument/policy/operator policy; unlimited (None)
     only when every one given is negative; 20 when none is given
@@ -295,12 +300,7 @@ def parse_queue_arguments(args: dict[str, Any], queue: str, vhost: str,
                                        o.get("delivery-limit")),
         single_active_consumer=a.get("x-single-active-consumer", False),
         initial_group_size=a.get("x-quorum-initial-group-size"),
-        target_group_size=(max(v for v in (a.get("x-quorum-target-group-size"),
-                                           p.get("target-group-size"),
-                                           o.get("target-group-size")) if v is not None)
-                           if any(k in d for k, d in (("x-quorum-target-group-size", a),
-                                                      ("target-group-size", p),
-                                                      ("target-group-size", o)))
-                           else None),
+        target_group_size=_max_opt(a.get("x-quorum-target-group-size"),
+                                   p.get("target-group-size"), o.get("target-group-size")),
         leader_locator=arg_first("x-queue-leader-locator", "queue-leader-locator"),
     )
