@@ -674,7 +674,9 @@ class RaftNode:
         if self._maybe_commit():
             if self.role is not Role.LEADER:
                 return
-            self._bcast_append()
+            # Followers learn the new commit with the next ready()'s broadcast
+            # (coalesced with new entries when there are any).
+            self._bcast_pending = True
         elif was_paused:
             self._send_append(to, pr, True)
         while self._send_append(to, pr, False):
@@ -709,7 +711,7 @@ class RaftNode:
 
     def _maybe_commit_and_bcast(self) -> None:
         if self._maybe_commit() and self.role is Role.LEADER:
-            self._bcast_append()
+            self._bcast_pending = True
 
     def _maybe_commit(self) -> bool:
         """§5.3/§5.4.2: commit the highest index stored on a quorum of voters,
@@ -749,7 +751,7 @@ class RaftNode:
             self._start_snapshot(to, pr)
             return True
         c = log.committed
-        if not ents and not send_if_empty and pr.sent_commit >= c:
+        if not ents and not send_if_empty:
             return False
         pr.sent_commit = c
         self._send(
@@ -768,15 +770,18 @@ class RaftNode:
         return True
 
     def _bcast_append(self) -> None:
+        """Send every follower what it is missing (window permitting); a
+        follower that gets no entries but has not been told the current
+        commit index gets an empty append carrying it."""
+        c = self.log.committed
         for to, pr in self.progress.items():
             if to == self.id:
                 continue
-            if pr.match >= self.log.last_index():
-                # Caught up: an empty append carries the new commit index.
-                self._send_append(to, pr, True)
-                continue
+            sent = False
             while self._send_append(to, pr, False):
-                pass
+                sent = True
+            if not sent and pr.sent_commit < c and pr.state is not _SNAPSHOT:
+                self._send_append(to, pr, True)
 
     def _bcast_heartbeat(self) -> None:
         c = self.log.committed
