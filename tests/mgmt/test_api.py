@@ -3,6 +3,7 @@ authentication and tags, bad requests, health checks, metrics values."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pika
@@ -11,7 +12,7 @@ import pytest
 from broker.mgmt.api import ROUTES
 from broker.mgmt.openapi import openapi_document
 
-from .conftest import Api, MgmtCluster, metric, metrics_text, wait_for
+from .conftest import ROOT_DIR, Api, MgmtCluster, metric, metrics_text, wait_for
 
 QQ = {"durable": True, "arguments": {"x-queue-type": "quorum"}}
 
@@ -393,3 +394,25 @@ def test_openapi_covers_every_route() -> None:
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     assert documented == {(m, p) for m, p, _ in ROUTES}
     json.dumps(doc)  # serialisable
+
+
+def test_openapi_copy_in_docs_is_current() -> None:
+    path = ROOT_DIR / "docs" / "openapi.json"
+    assert json.loads(path.read_text()) == openapi_document(), (
+        "docs/openapi.json is stale: regenerate it with python -c 'import json; from "
+        "broker.mgmt.openapi import openapi_document as d; print(json.dumps(d(), indent=2, "
+        "sort_keys=True))' > docs/openapi.json")
+
+
+def test_grafana_dashboard_uses_exported_metrics(defs_cluster: MgmtCluster) -> None:
+    dash = json.loads((ROOT_DIR / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    used = {m for e in exprs for m in re.findall(r"\b((?:rabbitmq|qq)_[a-z_]+)\b", e)}
+    exported = set()
+    for n in defs_cluster.nodes:
+        exported |= {line.split()[2] for line in metrics_text(n.metrics_port).splitlines()
+                     if line.startswith("# TYPE ")}
+    assert len(used) >= 20
+    assert used <= exported, f"the dashboard uses metrics nobody exports: {used - exported}"
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
