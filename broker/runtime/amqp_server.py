@@ -282,8 +282,7 @@ class Channel:
         if not m.nowait:
             ov = q.overview() if q is not None else {"messages_ready": 0}
             consumers = len(q.consumers) if q is not None else 0
-            self.send(C.Queue.DeclareOk(queue=name, message_count=ov["messages_ready"],
-                                        consumer_count=consumers))
+            self.send(_declare_ok(name, ov["messages_ready"], consumers))
 
     def queue_bind(self, m: C.Queue.Bind, unbind: bool = False) -> None:
         qname = self._queue_name(m.queue, m)
@@ -734,6 +733,19 @@ def _amqp_type(value: Any) -> str:
     if value is None:
         return "void"
     return type(value).__name__
+
+
+class _AnyNameDeclareOk(C.Queue.DeclareOk):
+    """queue.declare-ok for any queue name: pamqp's validation (in __init__ and
+    marshal) refuses names outside [a-zA-Z0-9-_.:@#,/+ ], e.g. non-ASCII ones,
+    which RabbitMQ accepts (any UTF-8 up to 255 bytes, as the codec checks)."""
+
+    def validate(self) -> None:
+        pass
+
+
+def _declare_ok(queue: str, message_count: int, consumer_count: int) -> C.Queue.DeclareOk:
+    return _AnyNameDeclareOk(queue=queue, message_count=message_count, consumer_count=consumer_count)
 
 
 _PUBLISH = C.Basic.Publish()
