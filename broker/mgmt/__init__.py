@@ -9,9 +9,11 @@ client.
 from .api import ApiError, make_app
 from .metrics import GroupSampler, NodeCollector, make_registry, metrics_app
 from .openapi import openapi_document
+from .reconcile import AddMember, QueueMembers, Reconciler, RemoveMember, plan
 from .server import ManagementServers, start_servers
 
 __all__ = [
-    "ApiError", "GroupSampler", "ManagementServers", "NodeCollector", "make_app",
+    "AddMember", "ApiError", "GroupSampler", "QueueMembers", "Reconciler", "RemoveMember",
+    "plan", "ManagementServers", "NodeCollector", "make_app",
     "make_registry", "metrics_app", "openapi_document", "start_servers",
 ]

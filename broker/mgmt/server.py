@@ -1,9 +1,11 @@
-"""Start and stop the management API and metrics listeners of one node.
+"""Start and stop the management services of one node.
 
 Where it sits: called by `Node.start()` / `Node.stop()` (the runtime hands
 itself in; this package never imports it). Each listener runs only when its
 port is non-zero: `management.tcp.port` / `management.tcp.bind` and
-`prometheus.tcp.port` / `prometheus.tcp.bind`.
+`prometheus.tcp.port` / `prometheus.tcp.bind`; the membership reconciler
+(`reconcile`) runs when
+`quorum_queue.continuous_membership_reconciliation.enabled` is true.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from aiohttp import web
 
 from .api import make_app
 from .metrics import GroupSampler, make_registry, metrics_app
+from .reconcile import Reconciler
 
 log = logging.getLogger("broker.mgmt")
 
@@ -27,6 +30,7 @@ class ManagementServers:
         self.management_port = 0
         self.metrics_port = 0
         self.sampler: GroupSampler | None = None
+        self.reconciler: Reconciler | None = None
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> ManagementServers:
@@ -44,6 +48,8 @@ class ManagementServers:
                 metrics_app(self.node, registry), cfg["prometheus.tcp.bind"], cfg["prometheus.tcp.port"])
             log.info("node %s: metrics on %s:%d", self.node.node_name,
                      cfg["prometheus.tcp.bind"], self.metrics_port)
+        if cfg["quorum_queue.continuous_membership_reconciliation.enabled"]:
+            self.reconciler = Reconciler.from_config(self.node).start()
         return self
 
     async def _serve(self, app: web.Application, bind: str, port: int) -> int:
@@ -57,6 +63,8 @@ class ManagementServers:
         return int(sockets[0].getsockname()[1]) if sockets else port
 
     async def close(self) -> None:
+        if self.reconciler is not None:
+            await self.reconciler.close()
         if self.sampler is not None:
             await self.sampler.close()
         for runner in self._runners:

@@ -125,7 +125,8 @@ class Node:
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("node %s: AMQP listening on %s:%d", self.node_name,
                  self.config["listeners.tcp.bind"], self.port)
-        if self.config["management.tcp.port"] or self.config["prometheus.tcp.port"]:
+        if self.config["management.tcp.port"] or self.config["prometheus.tcp.port"] or \
+                self.config["quorum_queue.continuous_membership_reconciliation.enabled"]:
             from broker.mgmt import start_servers
 
             self.mgmt = await start_servers(self)
