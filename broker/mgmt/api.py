@@ -18,13 +18,14 @@ Access (RabbitMQ's user tags): any of administrator, monitoring,
 policymaker, management may use the API. administrator/monitoring see every
 vhost; the others see vhosts they have permissions in. Declaring/deleting
 queues needs administrator, or configure permission on the queue; policies
-need administrator or policymaker; users, permissions, operator policies and
-membership operations need administrator.
+need administrator or policymaker; users, permissions, vhost changes,
+operator policies and membership operations need administrator.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 from collections.abc import Awaitable, Callable
@@ -212,7 +213,7 @@ def known_node(node: Any, name: str) -> str:
 # ---------------------------------------------------------------- middleware
 @web.middleware
 async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    node = request.app[NODE_KEY]
+    node: Any = request.app[NODE_KEY]
     try:
         match = request.match_info
         if match.http_exception is not None:  # unknown path or method: no auth needed to say so
@@ -349,6 +350,140 @@ async def list_permissions(request: web.Request) -> web.Response:
     return web.json_response([v.permission_view(p) for p in c.node.meta.state.permissions.values()])
 
 
+VHOST_KEYS: dict[str, type | tuple[type, ...]] = {
+    "description": str, "tags": (str, list), "default_queue_type": str, "tracing": bool}
+USER_KEYS: dict[str, type | tuple[type, ...]] = {
+    "password": str, "password_hash": str, "hashing_algorithm": str, "tags": (str, list)}
+PERMISSION_KEYS: dict[str, type | tuple[type, ...]] = {"configure": str, "write": str, "read": str}
+
+
+def _tags(value: Any) -> tuple[str, ...]:
+    """RabbitMQ takes tags as "a,b" or as a list of strings."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not all(isinstance(t, str) for t in items):
+        raise ApiError(400, "'tags' must be a comma-separated string or a list of strings")
+    return tuple(t.strip() for t in items if t.strip())
+
+
+async def _execute(c: Ctx, cmd: Any) -> Any:
+    reply = await c.node.meta_execute(cmd)
+    if isinstance(reply, md.MetadataError):
+        raise md_error(reply)
+    return reply
+
+
+async def put_vhost(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    name = request.match_info["vhost"]
+    body = await json_body(request, VHOST_KEYS)
+    if not name:
+        raise ApiError(400, "vhost names must not be empty")
+    dqt = body.get("default_queue_type")
+    if dqt is not None and dqt not in ("classic", "quorum"):
+        raise ApiError(400, f"unsupported default queue type '{dqt}'")
+    existed = md.VhostName(name) in c.node.meta.state.vhosts
+    await _execute(c, md.AddVhost(md.VhostName(name), body.get("description", ""),
+                                  _tags(body.get("tags", ())), dqt))
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_vhost(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    name = request.match_info["vhost"]
+    if md.VhostName(name) not in c.node.meta.state.vhosts:
+        raise ApiError(404, f"no vhost '{name}'")
+    await _execute(c, md.DeleteVhost(md.VhostName(name)))
+    return web.Response(status=204)
+
+
+async def get_user(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    name = request.match_info["user"]
+    user = c.node.meta.state.users.get(md.UserName(name))
+    if user is None:
+        raise ApiError(404, f"no user '{name}'")
+    return web.json_response(v.user_view(user))
+
+
+async def put_user(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    name = request.match_info["user"]
+    body = await json_body(request, USER_KEYS)
+    if not name:
+        raise ApiError(400, "user names must not be empty")
+    if "password" in body and "password_hash" in body:
+        raise ApiError(400, "give either 'password' or 'password_hash', not both")
+    algorithm = body.get("hashing_algorithm", "rabbit_password_hashing_sha256")
+    existing = c.node.meta.state.users.get(md.UserName(name))
+    if "password" in body:
+        try:
+            password_hash = md.hash_password(body["password"], os.urandom(4), algorithm)
+        except md.InvalidCommand as exc:
+            raise ApiError(400, str(exc)) from None
+    elif "password_hash" in body:
+        password_hash = body["password_hash"]
+    elif existing is not None:
+        password_hash, algorithm = existing.password_hash, existing.hashing_algorithm
+    else:
+        password_hash = ""  # password login disabled, as RabbitMQ does without one
+    tags = _tags(body["tags"]) if "tags" in body else (existing.tags if existing else ())
+    await _execute(c, md.AddUser(md.UserName(name), password_hash, algorithm, tags))
+    return web.Response(status=204 if existing is not None else 201)
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    name = request.match_info["user"]
+    await _execute(c, md.DeleteUser(md.UserName(name)))
+    return web.Response(status=204)
+
+
+def _permission_key(c: Ctx, request: web.Request) -> tuple[md.UserName, md.VhostName]:
+    vhost, user = request.match_info["vhost"], request.match_info["user"]
+    if md.VhostName(vhost) not in c.node.meta.state.vhosts:
+        raise ApiError(404, f"no vhost '{vhost}'")
+    if md.UserName(user) not in c.node.meta.state.users:
+        raise ApiError(404, f"no user '{user}'")
+    return md.UserName(user), md.VhostName(vhost)
+
+
+async def get_permission(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    key = _permission_key(c, request)
+    perm = c.node.meta.state.permissions.get(key)
+    if perm is None:
+        raise ApiError(404, f"no permissions for user '{key[0]}' in vhost '{key[1]}'")
+    return web.json_response(v.permission_view(perm))
+
+
+async def put_permission(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    user, vhost = _permission_key(c, request)
+    body = await json_body(request, PERMISSION_KEYS, required=("configure", "write", "read"))
+    for key in ("configure", "write", "read"):
+        check_regex(body[key], key)
+    existed = (user, vhost) in c.node.meta.state.permissions
+    await _execute(c, md.SetPermissions(user, vhost, body["configure"], body["write"], body["read"]))
+    return web.Response(status=204 if existed else 201)
+
+
+async def delete_permission(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    user, vhost = _permission_key(c, request)
+    if (user, vhost) not in c.node.meta.state.permissions:
+        raise ApiError(404, f"no permissions for user '{user}' in vhost '{vhost}'")
+    await _execute(c, md.ClearPermissions(user, vhost))
+    return web.Response(status=204)
+
+
 # ---------------------------------------------------------------- exchanges, bindings
 async def list_exchanges(request: web.Request) -> web.Response:
     c = ctx(request)
@@ -365,7 +500,7 @@ async def list_bindings(request: web.Request) -> web.Response:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         c.need_vhost(vhost)
-    out = []
+    out: list[dict[str, Any]] = []
     for (vh, _), bucket in c.node.meta.state.bindings.items():
         if (vhost is None or vh == vhost) and c.can_see(vh):
             out.extend(v.binding_view(b) for b in bucket)
@@ -401,7 +536,7 @@ async def list_queues(request: web.Request) -> web.Response:
 
 def queue_record(c: Ctx, vhost: str, name: str) -> md.QueueRecord:
     c.need_vhost(vhost)
-    record = c.node.queue_record(vhost, name)
+    record: md.QueueRecord | None = c.node.queue_record(vhost, name)
     if record is None:
         raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
     return record
@@ -612,7 +747,7 @@ async def liveness(request: web.Request) -> web.Response:
 
 
 async def readiness(request: web.Request) -> web.Response:
-    node = request.app[NODE_KEY]
+    node: Any = request.app[NODE_KEY]
     problems = []
     if node.meta.group.leader is None:
         problems.append("the metadata store has no leader")
@@ -761,8 +896,16 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/api/nodes/{node}/drain", drain),
     ("GET", "/api/vhosts", list_vhosts),
     ("GET", "/api/vhosts/{vhost}", get_vhost),
+    ("PUT", "/api/vhosts/{vhost}", put_vhost),
+    ("DELETE", "/api/vhosts/{vhost}", delete_vhost),
     ("GET", "/api/users", list_users),
+    ("GET", "/api/users/{user}", get_user),
+    ("PUT", "/api/users/{user}", put_user),
+    ("DELETE", "/api/users/{user}", delete_user),
     ("GET", "/api/permissions", list_permissions),
+    ("GET", "/api/permissions/{vhost}/{user}", get_permission),
+    ("PUT", "/api/permissions/{vhost}/{user}", put_permission),
+    ("DELETE", "/api/permissions/{vhost}/{user}", delete_permission),
     ("GET", "/api/exchanges", list_exchanges),
     ("GET", "/api/exchanges/{vhost}", list_exchanges),
     ("GET", "/api/bindings", list_bindings),

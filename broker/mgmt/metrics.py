@@ -143,7 +143,7 @@ class NodeCollector(Collector):
             leader_here = (q is not None and q.is_leader) if group is not None else (
                 q is not None and q.kind == "classic")
             if leader_here:
-                ov = q.overview()  # type: ignore[union-attr]
+                ov = q.overview()
                 ready.add_metric(labels, ov.get("messages_ready", 0))
                 unacked.add_metric(labels, ov.get("messages_unacknowledged", 0))
                 total.add_metric(labels, ov.get("messages", 0))

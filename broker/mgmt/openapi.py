@@ -116,6 +116,18 @@ SCHEMAS: dict[str, Any] = {
     "Rebalance": {"type": "object", "additionalProperties": False,
                   "properties": {"vhost_pattern": _STR, "queue_pattern": _STR}},
     "Empty": {"type": "object", "additionalProperties": False, "properties": {}},
+    "VhostDefinition": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"description": _STR, "tracing": _BOOL,
+                       "tags": {"oneOf": [_STR, {"type": "array", "items": _STR}]},
+                       "default_queue_type": {"type": "string", "enum": ["classic", "quorum"]}}},
+    "UserDefinition": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"password": _STR, "password_hash": _STR, "hashing_algorithm": _STR,
+                       "tags": {"oneOf": [_STR, {"type": "array", "items": _STR}]}}},
+    "PermissionDefinition": {
+        "type": "object", "additionalProperties": False, "required": ["configure", "write", "read"],
+        "properties": {"configure": _STR, "write": _STR, "read": _STR}},
 }
 
 
@@ -149,7 +161,8 @@ def _op(summary: str, ok: dict[str, dict[str, Any]], params: tuple[str, ...] = (
     op: dict[str, Any] = {"summary": summary, "tags": [tag], "responses": responses,
                           "parameters": [_path_param(p) for p in params] + (query or [])}
     if body is not None:
-        op["requestBody"] = {"required": body not in ("Empty", "Rebalance", "QueueDeclaration"),
+        op["requestBody"] = {"required": body not in ("Empty", "Rebalance", "QueueDeclaration",
+                                                      "VhostDefinition", "UserDefinition"),
                              "content": {JSON: {"schema": _ref(body)}}}
     if public:
         op["security"] = []
@@ -183,10 +196,28 @@ PATHS: dict[str, Any] = {
     "/api/nodes/{node}/drain": {"post": _long(
         "move every quorum-queue member and leadership off a node", "Empty", ("node",))},
     "/api/vhosts": {"get": _op("vhosts", {"200": _json(_list_of("Vhost"), "list")})},
-    "/api/vhosts/{vhost}": {"get": _op("one vhost", {"200": _json(_ref("Vhost"), "vhost")},
-                                       ("vhost",))},
+    "/api/vhosts/{vhost}": {
+        "get": _op("one vhost", {"200": _json(_ref("Vhost"), "vhost")}, ("vhost",)),
+        "put": _op("create or update a vhost", {"201": _NO_CONTENT, "204": _NO_CONTENT},
+                   ("vhost",), body="VhostDefinition"),
+        "delete": _op("delete a vhost and everything in it", {"204": _NO_CONTENT}, ("vhost",)),
+    },
     "/api/users": {"get": _op("users", {"200": _json(_list_of("User"), "list")})},
+    "/api/users/{user}": {
+        "get": _op("one user", {"200": _json(_ref("User"), "user")}, ("user",)),
+        "put": _op("create or update a user", {"201": _NO_CONTENT, "204": _NO_CONTENT},
+                   ("user",), body="UserDefinition"),
+        "delete": _op("delete a user", {"204": _NO_CONTENT}, ("user",)),
+    },
     "/api/permissions": {"get": _op("permissions", {"200": _json(_list_of("Permission"), "list")})},
+    "/api/permissions/{vhost}/{user}": {
+        "get": _op("a user's permissions in a vhost", {"200": _json(_ref("Permission"), "it")},
+                   ("vhost", "user")),
+        "put": _op("set a user's permissions in a vhost", {"201": _NO_CONTENT, "204": _NO_CONTENT},
+                   ("vhost", "user"), body="PermissionDefinition"),
+        "delete": _op("clear a user's permissions in a vhost", {"204": _NO_CONTENT},
+                      ("vhost", "user")),
+    },
     "/api/exchanges": {"get": _op("exchanges", {"200": _json(_list_of("Exchange"), "list")})},
     "/api/exchanges/{vhost}": {"get": _op("exchanges in a vhost",
                                           {"200": _json(_list_of("Exchange"), "list")}, ("vhost",))},
@@ -238,6 +269,23 @@ PATHS: dict[str, Any] = {
     "/api/openapi.json": {"get": _op("this document", {"200": _json(_ANY_OBJ, "OpenAPI 3.0")},
                                      public=True, tag="probes")},
 }
+
+
+def operation_id(method: str, path: str) -> str:
+    """A stable id: the method and the path's literal segments, camel-cased
+    (``DELETE /api/vhosts/{vhost}`` -> ``deleteVhosts``; parameters as ``By<Name>``)."""
+    parts = []
+    for seg in path.split("/")[2:]:
+        if seg.startswith("{"):
+            parts.append("By" + seg[1:-1].capitalize())
+        else:
+            parts.append("".join(w.capitalize() for w in seg.replace("-", "_").split("_")))
+    return method.lower() + "".join(parts).replace(".", "")
+
+
+for _path, _ops in PATHS.items():
+    for _method, _spec in _ops.items():
+        _spec["operationId"] = operation_id(_method, _path)
 
 
 @lru_cache(maxsize=1)

@@ -416,3 +416,50 @@ def test_grafana_dashboard_uses_exported_metrics(defs_cluster: MgmtCluster) -> N
     assert len(used) >= 20
     assert used <= exported, f"the dashboard uses metrics nobody exports: {used - exported}"
     assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+
+
+def test_vhosts_users_permissions_writes(defs_cluster: MgmtCluster) -> None:
+    a0, a1, a2 = defs_cluster.apis
+    mgr = a0.as_user("mgr", "pw")
+    assert mgr.put("/api/vhosts/v-new", {})[0] == 403
+    assert a0.put("/api/vhosts/v-new", {"description": "d", "tags": "a,b",
+                                        "default_queue_type": "quorum"}) == (201, None)
+    assert a0.put("/api/vhosts/v-new", {"description": "d2"}) == (204, None)
+    vh = wait_for(lambda: (r := a2.get("/api/vhosts/v-new"))[0] == 200 and r[1], what="vhost")
+    assert vh["description"] in ("d", "d2")
+    wait_for(lambda: a2.get("/api/vhosts/v-new")[1]["description"] == "d2", what="update")
+    assert {x["name"] for x in a1.get("/api/exchanges/v-new")[1]} >= {"", "amq.direct"}
+    assert a0.put("/api/vhosts/v-bad", {"default_queue_type": "stream"})[0] == 400
+    # a user, with a password, tags as a list; then permissions in the new vhost
+    assert a1.put("/api/users/carol", {"password": "s3cret", "tags": ["management"]}) == (201, None)
+    carol = a0.as_user("carol", "s3cret")
+    wait_for(lambda: carol.get("/api/overview")[0] == 200, what="carol can log in")
+    assert carol.get("/api/vhosts/v-new")[0] == 403
+    assert a1.get("/api/permissions/v-new/carol")[0] == 404
+    perm = {"configure": "^c-", "write": ".*", "read": ".*"}
+    assert a1.put("/api/permissions/v-new/carol", perm) == (201, None)
+    assert a1.put("/api/permissions/v-new/carol", perm) == (204, None)
+    assert a1.get("/api/permissions/v-new/carol")[1] == {"user": "carol", "vhost": "v-new", **perm}
+    wait_for(lambda: carol.get("/api/vhosts/v-new")[0] == 200, what="carol sees v-new")
+    assert carol.put("/api/queues/v-new/c-q", QQ)[0] == 201
+    assert carol.put("/api/queues/v-new/other", QQ)[0] == 403
+    assert a1.put("/api/permissions/v-new/carol", {"configure": "(", "write": "", "read": ""})[0] == 400
+    assert a1.put("/api/permissions/v-new/carol", {"configure": ".*"})[0] == 400
+    assert a1.put("/api/permissions/v-new/nobody", perm)[0] == 404
+    # tags as a string; keeping the password when none is given
+    assert a1.put("/api/users/carol", {"tags": "monitoring"}) == (204, None)
+    wait_for(lambda: a0.get("/api/users/carol")[1]["tags"] == ["monitoring"], what="tags updated")
+    assert carol.get("/api/overview")[0] == 200
+    assert a1.put("/api/users/carol", {"password": "a", "password_hash": "b"})[0] == 400
+    assert a1.put("/api/users/carol", {"tags": [1]})[0] == 400
+    assert carol.put("/api/users/carol", {"tags": "administrator"})[0] == 403
+    # clear permissions, delete the vhost (its queue goes with it), delete the user
+    assert a1.delete("/api/permissions/v-new/carol") == (204, None)
+    assert a1.delete("/api/permissions/v-new/carol")[0] == 404
+    assert a0.delete("/api/vhosts/v-new") == (204, None)
+    wait_for(lambda: a2.get("/api/queues/v-new/c-q")[0] == 404, what="queue gone with vhost")
+    assert a0.delete("/api/vhosts/v-new")[0] == 404
+    assert a0.delete("/api/users/carol") == (204, None)
+    wait_for(lambda: carol.get("/api/overview")[0] == 401, what="carol gone")
+    assert a0.delete("/api/users/carol")[0] == 404
+    assert a0.get("/api/users/carol")[0] == 404
