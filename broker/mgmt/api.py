@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shutil
@@ -47,6 +48,7 @@ MGMT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management
 DISK_FREE_LIMIT = 50_000_000
 
 NODE_KEY = web.AppKey("node", Any)
+log = logging.getLogger("broker.mgmt.api")
 
 
 class ApiError(Exception):
@@ -231,6 +233,9 @@ async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamR
                 resp.headers["Allow"] = exc.headers["Allow"]
             return resp
         raise
+    except Exception as exc:  # a bug: still a JSON answer, and a log line with the trace
+        log.exception("management API: %s %s failed", request.method, request.path)
+        return error_response(500, "internal_error", f"{type(exc).__name__}: {exc}")
 
 
 #: Query parameters RabbitMQ's management clients send for display purposes
