@@ -390,6 +390,7 @@ class Node:
         state = self.meta.state
         args = md.thaw_table(record.arguments)
         if record.type == "quorum":
+            args = _qq_args(args)
             pol = md.queue_policy(state, record)
             opol = md.queue_operator_policy(state, record)
             return qm.parse_queue_arguments(
@@ -429,7 +430,7 @@ class Node:
             self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
             if len(record.members) == 1 or (record.leader == self.node_name
                                             and q.group.glog.last_index() == 0):  # type: ignore[union-attr]
-                q.group.campaign()  # type: ignore[union-attr]
+                self._campaign_until_led(q, time.monotonic() + 5.0)
         else:
             q = ClassicQueue(self, record.vhost, record.name, config)
         self.queues[key] = q
@@ -461,6 +462,16 @@ class Node:
             proxy = RemoteQueue(self, record.vhost, record.name, classic_config(record.name, record.vhost, {}))
             proxy.consumers.update(consumers)
             self.queues[key] = proxy
+
+    def _campaign_until_led(self, q: Any, deadline: float) -> None:
+        """The designated leader of a new group campaigns until a leader is
+        known: its first (pre-)votes may reach peers that have not applied
+        the declaration yet and drop them."""
+        if q.deleted or q.group.leader is not None or time.monotonic() > deadline:
+            return
+        q.group.campaign()
+        assert self._loop is not None
+        self._loop.call_later(0.1, self._campaign_until_led, q, deadline)
 
     def _stop_queue(self, record: md.QueueRecord) -> None:
         q = self.queues.pop((record.vhost, record.name), None)
@@ -509,7 +520,7 @@ class Node:
             arguments = {**arguments, "x-queue-type": qtype} if qtype == "quorum" else arguments
         if qtype == "quorum" and not passive and existing is None:
             try:
-                qm.parse_queue_arguments(arguments, name, vhost)
+                qm.parse_queue_arguments(_qq_args(arguments), name, vhost)
             except qm.QueueArgumentError as exc:
                 raise ChannelError(exc.reply_code, _strip(exc.reply_text), method) from None
         members, leader = self._place(qtype == "quorum" and existing is None, arguments)
@@ -640,6 +651,16 @@ class Node:
                     fut.add_done_callback(_log_failure)
                 except Exception as exc:
                     log.warning("dead letter to %s failed: %s", qname, exc)
+
+
+def _qq_args(args: dict[str, Any]) -> dict[str, Any]:
+    """RabbitMQ accepts x-overflow=reject-publish-dlx on a quorum queue, logs a
+    warning and uses the default (drop-head) (rabbit_quorum_queue:overflow/3);
+    broker.queue refuses it, so it is dropped before parsing. The stored
+    arguments keep it (redeclarations compare them)."""
+    if args.get("x-overflow") in ("reject-publish-dlx", b"reject-publish-dlx"):
+        return {k: v for k, v in args.items() if k != "x-overflow"}
+    return args
 
 
 def _strip(reply_text: str) -> str:

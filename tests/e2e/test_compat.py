@@ -329,12 +329,25 @@ def s_queue_arguments(port: int) -> dict[str, Any]:
              "at_least_once_drop_head": {"x-dead-letter-strategy": "at-least-once"},
              "max_length_bytes": {"x-max-length-bytes": 100}, "initial_size_0": {"x-quorum-initial-group-size": 0},
              "leader_locator": {"x-queue-leader-locator": "bogus"}, "dlx_int": {"x-dead-letter-exchange": 5},
-             "in_memory_length": {"x-max-in-memory-length": 5}}
+             "in_memory_length": {"x-max-in-memory-length": 5},
+             "reject_publish_dlx": {"x-overflow": "reject-publish-dlx", "x-max-length": 1}}
     r: dict[str, Any] = {}
     for k, v in cases.items():
         r[k] = attempt(conn, lambda ch, k=k, v=v: ch.queue_declare("qa-" + k, durable=True,
                                                                    arguments={**QQ, **v}).method.queue)
         attempt(conn, lambda ch, k=k: ch.queue_delete("qa-" + k))
+
+    def reject_publish_dlx(ch: Any) -> Any:
+        """Accepted and treated as drop-head (RabbitMQ logs a warning)."""
+        ch.queue_declare("qa-rpd", durable=True, arguments={**QQ, "x-overflow": "reject-publish-dlx",
+                                                            "x-max-length": 1})
+        ch.confirm_delivery()
+        ch.basic_publish("", "qa-rpd", b"1")
+        ch.basic_publish("", "qa-rpd", b"2")
+        got = [b for b, _, _ in drain_get(ch, "qa-rpd")]
+        ch.queue_delete("qa-rpd")
+        return got
+    r["reject_publish_dlx_behaviour"] = attempt(conn, reject_publish_dlx)
     conn.close()
     return r
 
