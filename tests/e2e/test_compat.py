@@ -548,6 +548,24 @@ def s_acks_and_redelivery(port: int) -> dict[str, Any]:
     return r
 
 
+def s_classic_redelivery(port: int) -> dict[str, Any]:
+    """Classic queues: redelivered flag, no x-delivery-count header, no delivery limit."""
+    conn = connect(port)
+    ch = conn.channel()
+    fresh(ch, "cr-q", None, durable=False)
+    ch.confirm_delivery()
+    ch.basic_publish("", "cr-q", b"c", BasicProperties(headers={"h": 1}))
+    seen = []
+    for _ in range(25):
+        method, props, _body = ch.basic_get("cr-q")
+        seen.append((method.redelivered, props.headers))
+        ch.basic_nack(method.delivery_tag, requeue=True)
+    r = {"first": seen[:2], "last": seen[-1], "left": ch.queue_declare("cr-q", passive=True).method.message_count}
+    ch.queue_delete("cr-q")
+    conn.close()
+    return r
+
+
 def s_dead_lettering(port: int) -> dict[str, Any]:
     conn = connect(port)
     ch = conn.channel()
@@ -872,6 +890,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_basic_consume_errors),
     Scenario(s_mandatory_and_confirms),
     Scenario(s_acks_and_redelivery, _acks_to_4x),
+    Scenario(s_classic_redelivery),
     Scenario(s_dead_lettering),
     Scenario(s_ttl),
     Scenario(s_max_length),
