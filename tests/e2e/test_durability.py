@@ -57,7 +57,13 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     ch.exchange_bind("dur-x", "dur-fan")
     ch.queue_declare("dur-classic", durable=True)
     ch.queue_bind("dur-classic", "dur-fan")
+    # a message whose TTL runs out around the restart: the new leader must still
+    # expire it (the TTL timer is not in the log) and dead-letter it
+    ch.queue_declare("dur-ttl-dlq", durable=True, arguments=QQ)
+    ch.queue_declare("dur-ttl", durable=True, arguments={**QQ, "x-dead-letter-exchange": "",
+                                                          "x-dead-letter-routing-key": "dur-ttl-dlq"})
     ch.confirm_delivery()
+    ch.basic_publish("", "dur-ttl", b"ttl", BasicProperties(delivery_mode=2, expiration="3000"))
     for i in range(5):
         ch.basic_publish("dur-x", "k", b"u%d" % i, BasicProperties(delivery_mode=2))
     # a consumer takes the five and never acks them
@@ -108,6 +114,11 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     assert published[:n_confirmed] == [b"p%d" % i for i in range(n_confirmed)]
     assert published[n_confirmed:] == [b"p%d" % i for i in range(n_confirmed, len(published))]
     assert len(published) - n_confirmed <= 1  # one publish at a time was in flight
+    _wait(lambda: ch.queue_declare("dur-ttl-dlq", passive=True).method.message_count == 1, 30,
+          "the TTL'd message to be dead-lettered after the restart")
+    method, props, body = ch.basic_get("dur-ttl-dlq", auto_ack=True)
+    assert body == b"ttl" and props.headers["x-death"][0]["reason"] in ("expired", b"expired")
+    assert ch.queue_declare("dur-ttl", passive=True).method.message_count == 0
     # the bindings survived: dur-fan -> dur-x -(k)-> dur-q and dur-fan -> dur-classic
     ch.queue_declare("dur-classic", passive=True)
     ch.confirm_delivery()
