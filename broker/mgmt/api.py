@@ -332,7 +332,7 @@ async def get_node(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------- vhosts, users, permissions
 async def list_vhosts(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response([v.vhost_view(r) for r in c.node.meta.state.vhosts.values()
+    return web.json_response([v.vhost_view(r, c.node) for r in c.node.meta.state.vhosts.values()
                               if c.can_see(r.name)])
 
 
@@ -340,7 +340,7 @@ async def get_vhost(request: web.Request) -> web.Response:
     c = ctx(request)
     name = request.match_info["vhost"]
     c.need_vhost(name)
-    return web.json_response(v.vhost_view(c.node.meta.state.vhosts[md.VhostName(name)]))
+    return web.json_response(v.vhost_view(c.node.meta.state.vhosts[md.VhostName(name)], c.node))
 
 
 async def list_users(request: web.Request) -> web.Response:
@@ -736,6 +736,8 @@ async def health_quorum_critical(request: web.Request) -> web.Response:
     node = ctx(request).node
     name = request.query.get("node", node.node_name)
     known_node(node, name)
+    if node.cluster is None:
+        return web.json_response({"status": "ok", "reason": "single node cluster"})
     critical = _critical(node, name)
     if critical:
         return web.json_response({

@@ -136,14 +136,20 @@ def queue_view(node: Any, record: md.QueueRecord, counts: dict[str, Any] | None)
 
 
 # ---------------------------------------------------------------- other objects
-def vhost_view(r: md.VhostRecord) -> dict[str, Any]:
-    return {"name": r.name, "description": r.description, "tags": list(r.tags),
-            "default_queue_type": r.default_queue_type or "classic", "tracing": False}
+def vhost_view(r: md.VhostRecord, node: Any = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": r.name, "description": r.description, "tags": list(r.tags),
+        "default_queue_type": r.default_queue_type or "classic", "tracing": False,
+        "metadata": {"description": r.description, "tags": list(r.tags)}}
+    if node is not None:
+        out["cluster_state"] = {n: "running" if is_running(node, n) else "stopped"
+                                for n in cluster_nodes(node)}
+    return out
 
 
 def user_view(r: md.UserRecord) -> dict[str, Any]:
     return {"name": r.name, "password_hash": r.password_hash,
-            "hashing_algorithm": r.hashing_algorithm, "tags": list(r.tags)}
+            "hashing_algorithm": r.hashing_algorithm, "tags": list(r.tags), "limits": {}}
 
 
 def permission_view(p: md.Permission) -> dict[str, Any]:
