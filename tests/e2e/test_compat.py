@@ -636,6 +636,16 @@ def s_max_length(port: int) -> dict[str, Any]:
             outcomes.append("nack")
     r = {"drop_head": [b for b, _, _ in drain_get(ch, "ml-drop")], "reject_publish": outcomes,
          "rejected_kept": [b for b, _, _ in drain_get(ch, "ml-reject")]}
+    # drained below the limit: publishes are accepted again
+    again = []
+    for i in range(3):
+        try:
+            ch.basic_publish("", "ml-reject", b"again%d" % i)
+            again.append("ack")
+        except pika.exceptions.NackError:
+            again.append("nack")
+    r["after_drain"] = again
+    r["after_drain_kept"] = [b for b, _, _ in drain_get(ch, "ml-reject")]
     conn.close()
     return r
 
