@@ -183,12 +183,15 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
         for v in list(down):
             c.restart(v)
         log.append("heal all")
-        if not (cfg.pre_vote and cfg.check_quorum):
+        shut_down_removed = not (cfg.pre_vote and cfg.check_quorum)
+
+        def shut_down_non_members() -> None:
             # Without pre-vote and check-quorum, a removed server that missed
             # its removal keeps starting elections with ever higher terms and
             # can stall the group forever (thesis §4.2.3); operators shut
-            # removed servers down, so do that. With both enabled they stay
-            # up: that is the "removed node does not disrupt" check.
+            # removed servers down, so do that (also for removals committed
+            # after healing). With both enabled they stay up: that is the
+            # "removed node does not disrupt" check.
             auth = max((h for h in c.hosts.values()), key=lambda h: h.node.log.committed)
             current = auth.node.config.members
             for nid, h in c.hosts.items():
@@ -198,6 +201,8 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
         target_idx = None
         target_lead = None
         for t in range(liveness_ticks):
+            if shut_down_removed:
+                shut_down_non_members()
             c.step_sim()
             lead = c.leader()
             if lead is None:
