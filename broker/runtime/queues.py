@@ -88,6 +88,10 @@ class QueueProcess:
         self.cache_limit = 64 * 1024 * 1024
         self.deleted = False
         self.had_consumer = False  # auto-delete only applies once a consumer came
+        # x-expires is checked when a Tick is applied; the machine sets no timer
+        # for it, so the leader ticks periodically while the queue has no consumers.
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._arm_expiry()
 
     # ---------------------------------------------------------------- overridables
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
@@ -131,7 +135,26 @@ class QueueProcess:
         self.state, reply, effects = qm.apply(Meta(index, term, ts), cmd, self.state)
         if effects:
             self._run_effects(effects)
+        if tag == "C" and self._expiry_timer is None:
+            self._arm_expiry()  # a policy may have brought x-expires
         return reply
+
+    def _arm_expiry(self) -> None:
+        exp = self.state.config.expires_ms
+        if exp is None or self.deleted or self._expiry_timer is not None:
+            return
+        self._expiry_timer = self._loop.call_later(min(max(exp, 50), 1000) / 1000, self._expiry_fire)
+
+    def _expiry_fire(self) -> None:
+        self._expiry_timer = None
+        if self.deleted:
+            return
+        if self.is_leader and not self.state.consumers:
+            try:
+                self.command(qm.Tick()).add_done_callback(_retrieve)
+            except Exception as exc:  # not leader any more
+                log.debug("%s: expiry tick not proposed: %s", self.name, exc)
+        self._arm_expiry()
 
     def _remember(self, index: int, msg: Message) -> None:
         cache = self._cache
@@ -274,6 +297,13 @@ class QueueProcess:
         self.deleted = True
         if self._timer is not None:
             self._timer.cancel()
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 class RemoteQueue(QueueProcess):

@@ -349,3 +349,36 @@ def test_confirms_cover_every_routed_queue_and_unroutable(broker: BrokerProcess)
     assert ch.queue_declare("sem-fan-a", passive=True).method.message_count == 50
     assert ch.queue_declare("sem-fan-b", passive=True).method.message_count == 50
     conn.close()
+
+
+# ---------------------------------------------------------------- queue TTL (x-expires)
+def test_x_expires_deletes_unused_queues_only(broker: BrokerProcess) -> None:
+    """x-expires: a queue unused (no consumers, no basic.get) for that long is
+    deleted, quorum and classic alike; one with a consumer stays until the
+    consumer goes. (RabbitMQ checks quorum queues on its 5 s tick; we tick
+    every min(x-expires, 1 s) on the leader while there are no consumers.)"""
+    conn = connect(broker.port)
+    ch = conn.channel()
+    ch.queue_declare("sem-exp-q", durable=True, arguments={**QQ, "x-expires": 300})
+    ch.queue_declare("sem-exp-c", arguments={"x-expires": 300})
+    ch.queue_declare("sem-exp-kept", durable=True, arguments={**QQ, "x-expires": 300})
+    keeper = conn.channel()
+    tag = keeper.basic_consume("sem-exp-kept", lambda *a: None)
+    t0 = time.monotonic()
+
+    def gone(name: str) -> bool:
+        return isinstance(attempt(conn, lambda c: c.queue_declare(name, passive=True)), tuple)
+
+    for name in ("sem-exp-q", "sem-exp-c"):
+        deadline = time.monotonic() + 15
+        while not gone(name):
+            assert time.monotonic() < deadline, f"{name} did not expire"
+            conn.process_data_events(0.05)
+    assert time.monotonic() - t0 >= 0.3
+    assert attempt(conn, lambda c: c.queue_declare("sem-exp-kept", passive=True).method.consumer_count) == 1
+    keeper.basic_cancel(tag)
+    deadline = time.monotonic() + 15
+    while not gone("sem-exp-kept"):
+        assert time.monotonic() < deadline, "sem-exp-kept did not expire after its consumer left"
+        conn.process_data_events(0.05)
+    conn.close()
