@@ -26,7 +26,12 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from . import views as v
@@ -211,8 +216,9 @@ class NodeCollector(Collector):
                                labels=[])
         mt.add_metric([], mst.commit)
         yield mt
-        info = GaugeMetricFamily("rabbitmq_identity_info", "Node identity", labels=["rabbitmq_node",
-                                                                                      "rabbitmq_cluster"])
+        # untyped, as rabbitmq_prometheus exposes it
+        info = UnknownMetricFamily("rabbitmq_identity_info", "Node identity",
+                                   labels=["rabbitmq_node", "rabbitmq_cluster"])
         info.add_metric([node.node_name, min(nodes)], 1)
         yield info
 

@@ -15,7 +15,11 @@ Deliberate differences (each asserted below, so a change on either side shows):
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pika
@@ -31,7 +35,7 @@ class ManagementRabbit(rabbitmq_local.RabbitNode):
     @property
     def env(self) -> dict[str, str]:
         env = super().env
-        env["RABBITMQ_ENABLED_PLUGINS"] = "rabbitmq_management"
+        env["RABBITMQ_ENABLED_PLUGINS"] = "rabbitmq_management,rabbitmq_prometheus"
         return env
 
 
@@ -52,20 +56,29 @@ def _port_pair() -> int:
     raise RuntimeError("no free port pair for RabbitMQ")
 
 
+PROMETHEUS_PORT: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, int]]:
     if not rabbitmq_local.installed():
         pytest.skip("rabbitmq-server is not installed (make test installs it when run as root)")
-    port, mport = _port_pair(), free_port()
-    node = ManagementRabbit(f"qqmgmt{os.getpid()}@localhost", port,
-                            tmp_path_factory.mktemp("rabbit-mgmt") / "node")
-    node.start(f"management.tcp.port = {mport}\nmanagement.tcp.ip = 127.0.0.1\n")
+    port, mport, pport = _port_pair(), free_port(), free_port()
+    PROMETHEUS_PORT["rabbit"] = pport
+    # RabbitMQ runs as the `rabbitmq` user under root and cannot enter pytest's
+    # 0700 tmp root (which concurrent pytest sessions keep resetting to 0700).
+    base = Path(tempfile.mkdtemp(prefix="qq-mgmt-rabbit-"))
+    base.chmod(0o755)
+    node = ManagementRabbit(f"qqmgmt{os.getpid()}@localhost", port, base / "node")
+    node.start(f"management.tcp.port = {mport}\nmanagement.tcp.ip = 127.0.0.1\n"
+               f"prometheus.tcp.port = {pport}\nprometheus.tcp.ip = 127.0.0.1\n")
     api = Api(mport)
     try:
         wait_for(lambda: _up(api), timeout=60, what="RabbitMQ's management API")
         yield api, port
     finally:
         node.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _up(api: Api) -> bool:
@@ -77,8 +90,10 @@ def _up(api: Api) -> bool:
 
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, int]]:
-    b = BrokerProcess(tmp_path_factory.mktemp("ours-mgmt") / "node", management_port=free_port())
+    b = BrokerProcess(tmp_path_factory.mktemp("ours-mgmt") / "node", management_port=free_port(),
+                      metrics_port=free_port())
     b.start()
+    PROMETHEUS_PORT["ours"] = b.metrics_port
     try:
         yield Api(b.management_port), b.port
     finally:
@@ -231,3 +246,38 @@ def test_documented_differences(rabbit: tuple[Api, int], ours: tuple[Api, int]) 
 
 def test_ours_is_up(ours: tuple[Api, int]) -> None:
     assert ours[0].get("/api/health/ready", auth=False) == (200, {"status": "ok"})
+
+
+def _families(text: str) -> set[str]:
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def test_metric_names_are_rabbitmq_prometheus_names(rabbit: tuple[Api, int],
+                                                    ours: tuple[Api, int]) -> None:
+    """Every `rabbitmq_*` metric we export exists under that name (and type) in
+    rabbitmq_prometheus's per-object endpoint, so existing dashboards work."""
+    for api, _ in (rabbit, ours):
+        assert api.put("/api/queues/%2F/metrics-q", QQ)[0] in (201, 204)
+    _publish(rabbit[1], "metrics-q", 1)
+    _publish(ours[1], "metrics-q", 1)
+
+    def scrape(port: int, path: str) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as resp:
+            return str(resp.read().decode())
+
+    def rabbit_types() -> dict[str, str]:
+        text = scrape(PROMETHEUS_PORT["rabbit"], "/metrics/per-object")
+        return {ln.split()[2]: ln.split()[3] for ln in text.splitlines() if ln.startswith("# TYPE ")}
+    theirs = wait_for(lambda: (t := rabbit_types()) and "rabbitmq_raft_term_total" in t and t,
+                      timeout=30, what="RabbitMQ's raft metrics")
+    text = scrape(PROMETHEUS_PORT["ours"], "/metrics")
+    mine = {ln.split()[2]: ln.split()[3] for ln in text.splitlines() if ln.startswith("# TYPE ")}
+    ours_rabbit = {n for n in mine if n.startswith("rabbitmq_")}
+    assert {"rabbitmq_queue_messages_ready", "rabbitmq_queue_messages_unacked",
+            "rabbitmq_queue_consumers", "rabbitmq_raft_term_total",
+            "rabbitmq_raft_log_commit_index", "rabbitmq_raft_log_last_applied_index",
+            "rabbitmq_raft_entry_commit_latency_seconds"} <= ours_rabbit
+    unknown = ours_rabbit - theirs.keys()
+    assert not unknown, f"not rabbitmq_prometheus names: {unknown}"
+    for name in ours_rabbit:
+        assert mine[name] == theirs[name], f"{name}: ours {mine[name]}, RabbitMQ {theirs[name]}"
