@@ -25,6 +25,7 @@ from pamqp import frame as pframe
 
 from broker import metadata as md
 from broker.amqp.connection import ServerConfig
+from broker.common.config import ConfigError, load_config
 from broker.runtime.amqp_server import AmqpConnection
 from broker.runtime.definitions import DefinitionsError, parse_definitions, read_definitions
 
@@ -351,3 +352,34 @@ def test_definitions_file_that_is_not_json(tmp_path: Path) -> None:
         read_definitions(str(path))
     with pytest.raises(DefinitionsError, match="cannot read definitions file"):
         read_definitions(str(tmp_path / "missing.json"))
+
+
+# ---------------------------------------------------------------- configuration keys
+@pytest.mark.parametrize("text,users", [
+    ("", ("guest",)),
+    ("loopback_users = none\n", ()),
+    ("loopback_users =\n", ()),
+    ("loopback_users.guest = false\n", ()),
+    ("loopback_users.carol = true\n", ("guest", "carol")),
+    ("loopback_users.guest = true\nloopback_users.carol = true\n", ("guest", "carol")),
+    ("loopback_users.1 = bob\nloopback_users.2 = carol\n", ("bob", "carol")),
+])
+def test_loopback_users_config_spellings(text: str, users: tuple[str, ...]) -> None:
+    """RabbitMQ's `loopback_users.NAME = true|false` and `loopback_users = none`,
+    plus our numbered-list form."""
+    assert load_config(text)["loopback_users"] == users
+
+
+@pytest.mark.parametrize("text,message", [
+    ("loopback_users.guest = maybe\n", "expected true or false"),
+    ("loopback_users = bob\nloopback_users.guest = false\n", "given both by name and as a list"),
+])
+def test_loopback_users_config_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(text)
+
+
+def test_load_definitions_key() -> None:
+    assert load_config("")["load_definitions"] == ""
+    assert load_config("load_definitions = /etc/qq/defs.json\n")["load_definitions"] == "/etc/qq/defs.json"
+    assert load_config("", {"QQ__LOAD_DEFINITIONS": "/x.json"})["load_definitions"] == "/x.json"
