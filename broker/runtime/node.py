@@ -642,6 +642,8 @@ class Node:
             routed = md.route(self.meta.state, md.VhostName(vhost), exchange, rk, headers)
             if isinstance(routed, md.MetadataError):
                 continue
+            if death["reason"] != "rejected":  # RabbitMQ drops automatic cycles
+                routed = [q for q in routed if not _dl_cycle(q, headers.get("x-death"))]
             for qname in routed:
                 target = self.queue(vhost, qname)
                 if target is None or target.deleted:
@@ -651,6 +653,21 @@ class Node:
                     fut.add_done_callback(_log_failure)
                 except Exception as exc:
                     log.warning("dead letter to %s failed: %s", qname, exc)
+
+
+def _dl_cycle(queue: str, deaths: Any) -> bool:
+    """rabbit_dead_letter's cycle check: dead lettering into `queue` cycles if
+    the message already died there (x-death, newest first, including this
+    death) and no death since then was a rejection (a client's decision)."""
+    def text(v: Any) -> Any:
+        return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+    since: list[Any] = []
+    for d in deaths if isinstance(deaths, list) else []:
+        if isinstance(d, dict) and text(d.get("queue")) == queue:
+            return all(text(x.get("reason")) != "rejected" for x in [*since, d])
+        since.append(d if isinstance(d, dict) else {})
+    return False
 
 
 def _qq_args(args: dict[str, Any]) -> dict[str, Any]:

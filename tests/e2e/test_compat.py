@@ -599,6 +599,38 @@ def s_dead_lettering(port: int) -> dict[str, Any]:
     return r
 
 
+def s_dead_letter_cycles(port: int) -> dict[str, Any]:
+    """An automatic cycle (expired -> back to the same queue) is dropped; one
+    with a rejection in it is not (rabbit_dead_letter cycle detection)."""
+    conn = connect(port)
+    ch = conn.channel()
+    ch.exchange_delete("cy-fan")
+    ch.exchange_declare("cy-fan", "fanout")
+    fresh(ch, "cy-q", {**QQ, "x-message-ttl": 20, "x-dead-letter-exchange": "cy-fan"})
+    fresh(ch, "cy-obs", QQ)
+    ch.queue_bind("cy-q", "cy-fan")
+    ch.queue_bind("cy-obs", "cy-fan")
+    fresh(ch, "cy-r", {**QQ, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "cy-r"})
+    ch.confirm_delivery()
+    ch.basic_publish("", "cy-q", b"loop")
+    wait_count(ch, "cy-obs", 1)
+    conn.process_data_events(0.5)  # a looping broker would copy it to cy-obs ~every 20 ms
+    r: dict[str, Any] = {"cycle": (ch.queue_declare("cy-q", passive=True).method.message_count,
+                                   ch.queue_declare("cy-obs", passive=True).method.message_count)}
+    ch.basic_publish("", "cy-r", b"rej")
+    counts = []
+    for _ in range(3):
+        wait_count(ch, "cy-r", 1)
+        m, p, _b = ch.basic_get("cy-r")
+        counts.append([(d["reason"], d["count"]) for d in death_summary(p.headers)])
+        ch.basic_reject(m.delivery_tag, requeue=False)
+    r["rejected_cycle"] = counts
+    for q in ("cy-q", "cy-obs", "cy-r"):
+        ch.queue_delete(q)
+    conn.close()
+    return r
+
+
 def s_ttl(port: int) -> dict[str, Any]:
     conn = connect(port)
     ch = conn.channel()
@@ -902,6 +934,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_acks_and_redelivery, _acks_to_4x),
     Scenario(s_classic_redelivery),
     Scenario(s_dead_lettering),
+    Scenario(s_dead_letter_cycles),
     Scenario(s_ttl),
     Scenario(s_max_length),
     Scenario(s_single_active_consumer),
