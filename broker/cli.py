@@ -195,8 +195,8 @@ def _long(c: Client, o: Output, path: str, body: dict[str, Any], what: str) -> i
         raise CliError(f"{what}: the broker closed the stream without a result", EXIT_UNAVAILABLE)
     o.rows(result, ("vhost", "name", "result", "reason"))
     failed = [r for r in result if r.get("result") not in ("ok", None)]
-    if failed and not body.get("errors_only"):
-        o.err.write(f"qqctl: {what}: {len(failed)} of {len(result)} queues failed\n")
+    if failed:
+        o.err.write(f"qqctl: {what}: {len(failed)} queue(s) failed\n")
         return EXIT_REFUSED
     return EXIT_OK
 
