@@ -572,7 +572,8 @@ class Node:
                            owner: str | None) -> tuple[Any, int]:
         q = self.queue(vhost, name)
         consumers = len(q.consumers) if q is not None else 0
-        count = q.overview()["messages"] if q is not None else 0
+        # RabbitMQ counts ready messages (if-empty and delete-ok), not unacked ones
+        count = q.overview().get("messages_ready", 0) if q is not None else 0
         reply = await self.meta.execute(md.DeleteQueue(
             md.VhostName(vhost), md.QueueName(name), if_unused, if_empty, consumers, count, owner))
         return reply, count

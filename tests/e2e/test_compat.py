@@ -352,6 +352,48 @@ def s_queue_arguments(port: int) -> dict[str, Any]:
     return r
 
 
+def s_publish_checks_and_shortcuts(port: int) -> dict[str, Any]:
+    """Property checks on publish (expiration, user_id), prefetch_size, and the
+    '' queue-name shortcut (the channel's last declared queue)."""
+    conn = connect(port)
+    r: dict[str, Any] = {}
+    attempt(conn, lambda c: fresh(c, "ps-q", QQ))
+
+    def pub(props: BasicProperties) -> Callable[[Any], Any]:
+        def f(c: Any) -> Any:
+            c.basic_publish("", "ps-q", b"x", props)
+            return c.queue_declare("ps-q", passive=True).method.NAME
+        return f
+    r["exp_abc"] = attempt(conn, pub(BasicProperties(expiration="abc")))
+    r["exp_neg"] = attempt(conn, pub(BasicProperties(expiration="-1")))
+    r["exp_too_large"] = attempt(conn, pub(BasicProperties(expiration="99999999999999999999")))
+    r["exp_too_large_short"] = attempt(conn, pub(BasicProperties(expiration="315360000001")))
+    r["exp_max"] = attempt(conn, pub(BasicProperties(expiration="315360000000")))
+    r["exp_18_digits"] = attempt(conn, pub(BasicProperties(expiration="999999999999999999")))
+    r["exp_19_digits"] = attempt(conn, pub(BasicProperties(expiration="1152921504606846976")))
+    r["user_id"] = attempt(conn, pub(BasicProperties(user_id="bob")))
+    r["user_id_ok"] = attempt(conn, pub(BasicProperties(user_id="guest")))
+    r["passive_empty_name"] = conn_attempt(port, lambda c: c.queue_declare("", passive=True).method.queue)
+    r["bind_no_prev"] = conn_attempt(port, lambda c: c.queue_bind("", "amq.direct", "k"))
+    r["delete_no_prev"] = conn_attempt(port, lambda c: c.queue_delete(""))
+    r["purge_no_prev"] = conn_attempt(port, lambda c: c.queue_purge(""))
+    r["get_no_prev"] = conn_attempt(port, lambda c: c.basic_get(""))
+    r["prefetch_size"] = conn_attempt(port, lambda c: c.basic_qos(prefetch_size=1))
+
+    def last_queue(c: Any) -> Any:
+        c.queue_declare("ps-last")
+        c.queue_bind("", "amq.direct", "ps-k")
+        c.confirm_delivery()
+        c.basic_publish("amq.direct", "ps-k", b"via-last")
+        c.basic_publish("amq.direct", "ps-k", b"second")
+        _m, _p, body = c.basic_get("")
+        return (body, c.queue_delete("").method.message_count)  # ready ones only
+    r["last_queue"] = conn_attempt(port, last_queue)
+    attempt(conn, lambda c: c.queue_delete("ps-q"))
+    conn.close()
+    return r
+
+
 def s_exclusive_and_temporaries(port: int) -> dict[str, Any]:
     """The RPC reply-queue pattern: a server-named exclusive auto-delete queue."""
     server = connect(port)
@@ -928,6 +970,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_alternate_exchange),
     Scenario(s_queue_errors),
     Scenario(s_queue_arguments),
+    Scenario(s_publish_checks_and_shortcuts),
     Scenario(s_exclusive_and_temporaries),
     Scenario(s_basic_consume_errors),
     Scenario(s_mandatory_and_confirms),
