@@ -394,6 +394,33 @@ def s_publish_checks_and_shortcuts(port: int) -> dict[str, Any]:
     return r
 
 
+def s_redeclare_and_flow(port: int) -> dict[str, Any]:
+    """Property equivalence on redeclaration (exchange and classic queue),
+    channel.flow, consumer x-priority types."""
+    conn = connect(port)
+    r: dict[str, Any] = {}
+    r["flow_true"] = conn_attempt(port, lambda c: c.flow(True))
+    r["flow_false"] = conn_attempt(port, lambda c: c.flow(False))
+    attempt(conn, lambda c: c.exchange_delete("rd-x"))
+    attempt(conn, lambda c: c.exchange_declare("rd-x", "direct"))
+    r["x_auto_delete"] = attempt(conn, lambda c: c.exchange_declare("rd-x", "direct", auto_delete=True))
+    r["x_internal"] = attempt(conn, lambda c: c.exchange_declare("rd-x", "direct", internal=True))
+    r["x_args"] = attempt(conn, lambda c: c.exchange_declare("rd-x", "direct", arguments={"alternate-exchange": "z"}))
+    attempt(conn, lambda c: fresh(c, "rd-c", None, durable=False))
+    r["q_auto_delete"] = attempt(conn, lambda c: c.queue_declare("rd-c", auto_delete=True))
+    r["q_exclusive"] = attempt(conn, lambda c: c.queue_declare("rd-c", exclusive=True))
+    r["q_new_arg"] = attempt(conn, lambda c: c.queue_declare("rd-c", arguments={"x-message-ttl": 5}))
+    attempt(conn, lambda c: fresh(c, "rd-t", {"x-message-ttl": 5}, durable=False))
+    r["q_other_value"] = attempt(conn, lambda c: c.queue_declare("rd-t", arguments={"x-message-ttl": 2**40}))
+    r["prio_bool"] = attempt(conn, lambda c: c.basic_consume("rd-c", lambda *a: None, arguments={"x-priority": True}))
+    r["prio_long"] = attempt(conn, lambda c: bool(c.basic_consume("rd-c", lambda *a: None,
+                                                                  arguments={"x-priority": 2**40})))
+    for q in ("rd-c", "rd-t"):
+        attempt(conn, lambda c, q=q: c.queue_delete(q))
+    conn.close()
+    return r
+
+
 def s_exclusive_and_temporaries(port: int) -> dict[str, Any]:
     """The RPC reply-queue pattern: a server-named exclusive auto-delete queue."""
     server = connect(port)
@@ -971,6 +998,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_queue_errors),
     Scenario(s_queue_arguments),
     Scenario(s_publish_checks_and_shortcuts),
+    Scenario(s_redeclare_and_flow),
     Scenario(s_exclusive_and_temporaries),
     Scenario(s_basic_consume_errors),
     Scenario(s_mandatory_and_confirms),
