@@ -382,3 +382,37 @@ def test_x_expires_deletes_unused_queues_only(broker: BrokerProcess) -> None:
         assert time.monotonic() < deadline, "sem-exp-kept did not expire after its consumer left"
         conn.process_data_events(0.05)
     conn.close()
+
+
+# ---------------------------------------------------------------- single active consumer + priorities (4.x)
+def test_sac_higher_priority_consumer_takes_over(broker: BrokerProcess) -> None:
+    """4.x: under single active consumer, a waiting consumer with a higher
+    x-priority takes over once the active one has settled what it holds
+    (3.10 ignores consumer priority for SAC)."""
+    conn = connect(broker.port)
+    ch = conn.channel()
+    fresh(ch, "sem-sac", {**QQ, "x-single-active-consumer": True})
+    ch.confirm_delivery()
+    got: list[tuple[str, bytes, int]] = []
+    low = conn.channel()
+    low.basic_qos(prefetch_count=1)
+    low.basic_consume("sem-sac", lambda c, m, p, b: got.append(("low", b, m.delivery_tag)),
+                      arguments={"x-priority": 1})
+    ch.basic_publish("", "sem-sac", b"m0")
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        conn.process_data_events(0.01)
+    assert [(who, body) for who, body, _ in got] == [("low", b"m0")]
+    high = conn.channel()
+    high.basic_qos(prefetch_count=1)
+    high.basic_consume("sem-sac", lambda c, m, p, b: got.append(("high", b, m.delivery_tag)),
+                       arguments={"x-priority": 10})
+    ch.basic_publish("", "sem-sac", b"m1")
+    # the low consumer still holds m0: it is quiescing, so m1 waits for the switch
+    assert ch.queue_declare("sem-sac", passive=True).method.message_count == 1
+    low.basic_ack(got[0][2])
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        conn.process_data_events(0.01)
+    assert [(who, body) for who, body, _ in got] == [("low", b"m0"), ("high", b"m1")]
+    conn.close()
