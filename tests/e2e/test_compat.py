@@ -910,6 +910,17 @@ def s_bindings_and_auto_delete(port: int) -> dict[str, Any]:
         if isinstance(gone, tuple):
             break
     r["after_cancel"] = gone
+    # ... or when the consumer's channel closes
+    ch.queue_declare("ad-classic2", auto_delete=True)
+    cch = conn.channel()
+    cch.basic_consume("ad-classic2", lambda *a: None)
+    cch.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        gone = attempt(conn, lambda c: c.queue_declare("ad-classic2", passive=True).method.queue)
+        if isinstance(gone, tuple):
+            break
+    r["after_channel_close"] = gone
     ch.queue_delete("ad-q")
     conn.close()
     return r
