@@ -34,7 +34,6 @@ from .transport import PeerTransport
 
 log = logging.getLogger("broker.cluster")
 
-REQUEST_RETRY_S = 0.3
 
 
 def parse_seed(seed: str) -> tuple[str, str, int]:
@@ -84,7 +83,7 @@ class NotLeaderHere(Exception):
 
 
 class _Request:
-    __slots__ = ("req_id", "vhost", "queue", "payload", "future", "target", "sent_at")
+    __slots__ = ("req_id", "vhost", "queue", "payload", "future", "target", "sent_at", "gen")
 
     def __init__(self, req_id: int, vhost: str, queue: str, payload: Any,
                  future: asyncio.Future[Any], target: str) -> None:
@@ -95,6 +94,7 @@ class _Request:
         self.future = future
         self.target = target
         self.sent_at = time.monotonic()
+        self.gen = -1  # connection generation it was last sent on (-1: not sent)
 
 
 class Cluster:
@@ -152,31 +152,56 @@ class Cluster:
         """Send a queue command to `target` (the queue's leader); the future gets
         the decoded reply.
 
-        Invariant: a queue's pending requests reach a leader in the order they
-        were made. The machine drops an enqueue whose publisher sequence number
-        is not above the last one it accepted, so a later publish overtaking an
-        earlier one would silently turn the earlier one into a "duplicate".
-        Hence: switching target re-sends every pending request of the queue,
-        in order, before anything new; unanswered ones are re-sent (all of the
-        queue's, in order) every REQUEST_RETRY_S to the current leader."""
+        Invariant: a queue's requests reach a leader in the order they were
+        made, and none is skipped. The machine drops an enqueue whose
+        publisher sequence number is not above the last one it accepted, so a
+        later publish overtaking a lost earlier one would turn the earlier one
+        into a "duplicate" (confirmed, never enqueued). Hence a request is
+        only sent while every earlier pending request of its queue was sent on
+        the same live connection to the same leader; otherwise it waits, and
+        whenever the leader changes or the connection is re-established, all
+        the queue's pending requests are re-sent in order (re-sent ones the
+        leader already applied come back as duplicates, which is harmless).
+        Nothing is re-sent on a timer: a slow leader gets no duplicates."""
         self._req_seq += 1
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         req = _Request(self._req_seq, vhost, queue, payload, fut, target)
         key = (vhost, queue)
         pending = self._pending.setdefault(key, {})
-        if any(r.target != target for r in pending.values()):
-            for r in pending.values():
-                r.target = target
-                self._send_request(r)
         pending[req.req_id] = req
         self._requests[req.req_id] = req
-        self._send_request(req)
+        gen = self.transport.generation(target) if target in self.peers else -1
+        if not target:
+            req.target = ""
+        if gen >= 0 and all(r.target == target and r.gen == gen for r in pending.values() if r is not req):
+            self._send_request(req, gen)
+        else:
+            self._resync(key)
         return fut
 
-    def _send_request(self, req: _Request) -> None:
+    def _send_request(self, req: _Request, gen: int) -> None:
         req.sent_at = time.monotonic()
-        if req.target in self.peers:
-            self.transport.send(req.target, ["q", req.req_id, req.vhost, req.queue, req.payload])
+        req.gen = gen
+        self.transport.send(req.target, ["q", req.req_id, req.vhost, req.queue, req.payload])
+
+    def _resync(self, key: tuple[str, str]) -> None:
+        """(Re)send every pending request of a queue, in order, to its current
+        leader, if that leader is reachable; else leave them for later."""
+        pending = self._pending.get(key)
+        if not pending:
+            return
+        leader = self.node.queue_leader(*key)
+        if leader == self.name:
+            self.node.flush_forwarded(*key)
+            return
+        if leader is None or leader not in self.peers:
+            return
+        gen = self.transport.generation(leader)
+        if gen < 0:
+            return
+        for r in pending.values():
+            r.target = leader
+            self._send_request(r, gen)
 
     def _finish(self, req: _Request) -> None:
         self._requests.pop(req.req_id, None)
@@ -198,25 +223,21 @@ class Cluster:
 
     async def _retry_loop(self) -> None:
         while True:
-            await asyncio.sleep(0.1)
-            now = time.monotonic()
+            await asyncio.sleep(0.05)
             for key, pending in list(self._pending.items()):
                 for r in [r for r in pending.values() if r.future.done()]:
                     self._finish(r)
                 if not pending:
                     continue
-                oldest = min(r.sent_at for r in pending.values())
-                if now - oldest < REQUEST_RETRY_S:
-                    continue
                 leader = self.node.queue_leader(*key)
                 if leader == self.name:
-                    # The leader is here now: hand them to the local member.
                     self.node.flush_forwarded(*key)
                     continue
-                for r in pending.values():
-                    if leader is not None:
-                        r.target = leader
-                    self._send_request(r)
+                if leader is None or leader not in self.peers:
+                    continue
+                gen = self.transport.generation(leader)
+                if gen >= 0 and any(r.target != leader or r.gen != gen for r in pending.values()):
+                    self._resync(key)
 
     def send_deliveries(self, node: str, vhost: str, queue: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None:
@@ -291,7 +312,7 @@ class Cluster:
                 return
             req.future.set_result(decode_reply(value))
         elif status == "not_leader":
-            pass  # the retry loop re-sends the queue's requests, in order, to the new leader
+            pass  # the retry loop re-sends, in order, once this node learns the new leader
         else:
             # the leader could not apply it (group stopped, queue gone): fail
             self._finish(req)

@@ -264,10 +264,22 @@ class Node:
 
     # ------------------------------------------------------------ forwarding
     def queue_leader(self, vhost: str, name: str) -> str | None:
+        """Where to send commands for a queue: this node only if its member is
+        the leader right now; else the leader its member knows, else the one
+        the metadata records (never this node: that would be a stale record).
+        None while no leader is known."""
+        if vhost == "" and name == META_GROUP:
+            g = self.meta.group
+            return self.node_name if g.is_leader else (g.leader if g.leader != self.node_name else None)
         q = self.queues.get((vhost, name))
-        if q is not None:
-            return q.leader_node
-        return self.recorded_leader(vhost, name)
+        if q is not None and not isinstance(q, RemoteQueue):
+            if q.is_leader:
+                return self.node_name
+            lead = q.group.leader if isinstance(q, QuorumQueue) else None
+            if lead and lead != self.node_name:
+                return lead
+        rec = self.recorded_leader(vhost, name)
+        return rec if rec != self.node_name else None
 
     def recorded_leader(self, vhost: str, name: str) -> str | None:
         if vhost == "" and name == META_GROUP:
@@ -276,12 +288,14 @@ class Node:
         return r.leader if r is not None else None
 
     def forward(self, leader: str, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
-        if self.cluster is None or not leader or leader == self.node_name:
+        """Send a command to the queue's leader on another node. With no leader
+        known (""), it waits in order until one is."""
+        if self.cluster is None:
             fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            if self.cluster is None:
-                fut.set_exception(RuntimeError(f"queue '{name}' has no leader"))
-                return fut
-            leader = leader or self.node_name
+            fut.set_exception(RuntimeError(f"queue '{name}' has no leader"))
+            return fut
+        if leader == self.node_name:
+            leader = ""
         return self.cluster.request(leader, vhost, name, payload)
 
     async def _forward_meta(self, leader: str, payload: bytes) -> int:
@@ -341,6 +355,8 @@ class Node:
         """This node now leads the queue: propose the commands still pending
         with the old leader, in their order, before anything newer."""
         if self.cluster is None or not self.cluster.has_pending(vhost, name):
+            return
+        if self.queue_leader(vhost, name) != self.node_name:
             return
         for r in self.cluster.take_pending(vhost, name):
             self.submit_local(vhost, name, r.payload, r.future)

@@ -65,6 +65,8 @@ class Host(Protocol):
 
     def flush_forwarded(self, vhost: str, name: str) -> None: ...
 
+    def queue_leader(self, vhost: str, name: str) -> str | None: ...
+
     def channel_dead(self, channel: str) -> bool: ...
 
 
@@ -313,7 +315,8 @@ class RemoteQueue(QueueProcess):
     kind = "quorum"
 
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
-        return self.host.forward(self.leader_node or "", self.vhost, self.name, payload)
+        return self.host.forward(self.host.queue_leader(self.vhost, self.name) or "", self.vhost,
+                                 self.name, payload)
 
     @property
     def is_leader(self) -> bool:
@@ -392,7 +395,8 @@ class QuorumQueue(QueueProcess):
         if self.group.role is Role.LEADER:
             self.host.flush_forwarded(self.vhost, self.name)  # keep publish order
             return self.group.propose(payload)
-        return self.host.forward(self.leader_node or "", self.vhost, self.name, payload)
+        return self.host.forward(self.host.queue_leader(self.vhost, self.name) or "", self.vhost,
+                                 self.name, payload)
 
     @property
     def is_leader(self) -> bool:

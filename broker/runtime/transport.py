@@ -26,8 +26,11 @@ Each handshake message is one frame whose payload is a msgpack map. A peer that
 fails the handshake is disconnected and logged; nothing it sent is delivered.
 
 Delivery guarantee: at most once, in order per connection. Messages queued
-for a peer that is unreachable are kept up to `max_queued` (oldest dropped
-first, counted in `stats`) and sent once the connection is back.
+while a peer is unreachable are kept up to `max_queued` (oldest dropped
+first, counted in `stats`) and sent once the connection is back; messages
+queued while a connection was up are dropped when it breaks (they may have
+been partly written to it). `generation(peer)` tells callers that need
+reliability (the node's forwarded requests) when to resend.
 """
 from __future__ import annotations
 
@@ -88,6 +91,7 @@ class _Outbound:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     connected: bool = False
+    generation: int = 0  # incremented at every successful (re)connection
 
 
 def _encode(payload: Any) -> bytes:
@@ -202,6 +206,12 @@ class PeerTransport:
         out = self._peers.get(peer)
         return bool(out and out.connected)
 
+    def generation(self, peer: str) -> int:
+        """Changes whenever the connection to `peer` is re-established: a
+        message sent under an older generation may have been lost."""
+        out = self._peers.get(peer)
+        return out.generation if out is not None and out.connected else -1
+
     def send(self, peer: str, message: Any) -> None:
         """Queue `message` for `peer` (batched with whatever else is queued)."""
         out = self._peers.get(peer)
@@ -229,6 +239,7 @@ class PeerTransport:
             try:
                 await asyncio.wait_for(self._client_handshake(reader, writer, out.peer), HANDSHAKE_TIMEOUT_S)
                 out.connected = True
+                out.generation += 1
                 self.stats.connects += 1
                 delay = self._backoff[0]
                 await self._pump(out, reader, writer)
@@ -241,6 +252,11 @@ class PeerTransport:
                 was_connected = out.connected
                 out.connected = False
                 writer.close()
+                if was_connected:
+                    # What was queued for the broken connection may or may not
+                    # have been meant for it: drop it, callers resend (see the
+                    # delivery guarantee in the module docstring).
+                    out.queue.clear()
                 if was_connected and self.on_peer_down is not None:
                     self.on_peer_down(out.peer)
             await asyncio.sleep(delay * (0.5 + self._rng.random()))

@@ -51,7 +51,20 @@ class NetnsCluster:
             for i in range(3)
         ]
 
+    @staticmethod
+    def remove_leftovers() -> None:
+        """Namespaces and links of an earlier run that was killed before its
+        teardown (same naming scheme) would shadow this run's routes."""
+        import re
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        for ns in re.findall(r"^(qq\d+n\d)\b", out, re.M):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        for link in re.findall(r"^\d+: (qq(?:br\d+|\d+[ac]\d))[@:]", out, re.M):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+
     def setup(self) -> None:
+        self.remove_leftovers()
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         sh("ip", "link", "set", self.bridge, "up")
         for i, ns in enumerate(self.ns):
@@ -151,6 +164,14 @@ def test_isolated_leader_confirms_nothing_majority_continues_heal_converges(
     ch = conn.channel()
     ch.queue_declare("part", durable=True, arguments={"x-queue-type": "quorum"})
     conn.close()
+    # client-local: the declaring node leads the queue (SIGUSR1 logs Raft status)
+    leader.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while not any(line.startswith("status //part/") or "status //part/" in line and "role=LEADER" in line
+                  for line in leader.log().splitlines() if "role=LEADER" in line):
+        assert time.monotonic() < deadline, f"node 0 does not lead the queue:\n{leader.log()}"
+        time.sleep(0.1)
+        leader.proc.send_signal(signal.SIGUSR1)
     conn = _conn(a)
     ch = conn.channel()
     ch.confirm_delivery()

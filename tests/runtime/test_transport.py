@@ -138,6 +138,13 @@ async def test_sender_reconnects_after_peer_restart_and_delivers_queued_messages
     a.send("b", "first")
     await ib.wait_for("a", 1)
     await b.close()
+
+    async def noticed() -> None:
+        while a.is_connected("b"):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(noticed(), 10)
+    gen = a.generation("b")
+    assert gen == -1
     # Queue while b is down; they must be delivered once b is back on the same port.
     ib2 = Inbox()
     for i in range(10):
@@ -148,6 +155,7 @@ async def test_sender_reconnects_after_peer_restart_and_delivers_queued_messages
         got = await ib2.wait_for("a", 10)
         assert got[-10:] == list(range(10))
         assert a.stats.connects >= 2
+        assert a.generation("b") >= 2
     finally:
         await a.close()
         await b2.close()
