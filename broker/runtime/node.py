@@ -86,8 +86,8 @@ class Node:
             self.data_dir / "raft",
             st.StorageConfig(wal_max_size_bytes=self.config["raft.wal_max_size_bytes"],
                              segment_max_entries=self.config["raft.segment_max_entries"]),
-            on_durable=lambda g, i, t: loop.call_soon_threadsafe(self._durable, g),
-            on_error=lambda g, e: loop.call_soon_threadsafe(self._storage_error, g, e),
+            on_durable=lambda g, i, t: _call_soon(loop, self._durable, g),
+            on_error=lambda g, e: _call_soon(loop, self._storage_error, g, e),
         )
         members = [self.node_name]
         seeds = self.config["cluster.seeds"]
@@ -472,12 +472,22 @@ class Node:
         elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
             consumers = q.consumers
             q.close()
-            self._groups_by_id.pop(q.glog.group_id, None)
-            q.glog.close()
+            self._drop_group(q)
             del self.queues[key]
             proxy = RemoteQueue(self, record.vhost, record.name, classic_config(record.name, record.vhost, {}))
             proxy.consumers.update(consumers)
             self.queues[key] = proxy
+
+    def _drop_group(self, q: QuorumQueue) -> None:
+        """The queue (or this member) is gone: delete its log for good."""
+        gid = q.glog.group_id
+        self._groups_by_id.pop(gid, None)
+        q.glog.close()
+        try:
+            assert self.storage is not None
+            self.storage.delete_group(gid)
+        except st.StorageError as exc:
+            log.error("could not delete the data of %s: %s", gid, exc)
 
     def _campaign_until_led(self, q: Any, deadline: float) -> None:
         """The designated leader of a new group campaigns until a leader is
@@ -498,8 +508,7 @@ class Node:
         q.consumers.clear()
         q.close()
         if isinstance(q, QuorumQueue):
-            self._groups_by_id.pop(q.glog.group_id, None)
-            q.glog.close()
+            self._drop_group(q)
 
     def _push_policy(self, vhost: str, name: str) -> None:
         q = self.queues.get((vhost, name))
@@ -700,6 +709,14 @@ def _qq_args(args: dict[str, Any]) -> dict[str, Any]:
 def _strip(reply_text: str) -> str:
     head, sep, tail = reply_text.partition(" - ")
     return tail if sep and head.isupper() else reply_text
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """From the storage threads onto the loop (a no-op once the loop closed)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
 
 
 def _log_failure(fut: asyncio.Future[Any]) -> None:
