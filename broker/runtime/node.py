@@ -92,8 +92,10 @@ class Node:
         members = [self.node_name]
         seeds = self.config["cluster.seeds"]
         if seeds:
+            server_ssl, client_ssl = self._cluster_tls()
             self.cluster = Cluster(self, seeds, self.config["cluster.bind"],
-                                   self.config["cluster.port"], self._cluster_secret())
+                                   self.config["cluster.port"], self._cluster_secret(),
+                                   server_ssl=server_ssl, client_ssl=client_ssl)
             members = self.cluster.members
             self.cluster.on_peer_down = self._peer_down
             await self.cluster.start()
@@ -151,6 +153,33 @@ class Node:
             await self.cluster.close()
         if self.storage is not None:
             self.storage.close()
+
+    def _cluster_tls(self) -> tuple[Any, Any]:
+        """Optional TLS between peers (cluster.tls.certfile/keyfile/cafile).
+        With a CA file both sides verify each other's certificate (mutual
+        TLS) and the peer's host name; the shared secret is checked as well."""
+        cert, key, ca = (self.config["cluster.tls.certfile"], self.config["cluster.tls.keyfile"],
+                         self.config["cluster.tls.cafile"])
+        if not cert:
+            if key or ca:
+                raise ConfigError("cluster.tls.certfile: required when cluster.tls.keyfile or "
+                                  "cluster.tls.cafile is set")
+            return None, None
+        import ssl
+
+        try:
+            server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ca or None)
+            server.load_cert_chain(cert, key or None)
+            client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
+            client.load_cert_chain(cert, key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cluster.tls: cannot load {cert} / {key} / {ca}: {exc}") from None
+        if ca:
+            server.verify_mode = ssl.CERT_REQUIRED
+        else:
+            client.check_hostname = False
+            client.verify_mode = ssl.CERT_NONE
+        return server, client
 
     def _cluster_secret(self) -> bytes:
         path = self.config["cluster.secret_file"]
@@ -780,6 +809,10 @@ async def _serve(config: Config) -> int:
         print(f"qq-broker: {exc}", file=sys.stderr, flush=True)
         await node.stop()
         return 2
+    except (RuntimeError, ConfigError) as exc:
+        print(f"qq-broker {node.node_name}: cannot start: {exc}", file=sys.stderr, flush=True)
+        await node.stop()
+        return 1
     print(f"qq-broker {node.node_name}: ready on port {node.port}", flush=True)
     await stop.wait()
     await node.stop()

@@ -232,7 +232,11 @@ class PeerTransport:
                     server_hostname=out.host if self._client_ssl else None,
                 )
             except (OSError, ssl.SSLError) as exc:
-                log.debug("%s: connect to %s (%s:%s) failed: %s", self.node, out.peer, out.host, out.port, exc)
+                # A TLS failure is a configuration problem worth seeing; a
+                # refused connection is just a peer that is not up (yet).
+                level = logging.WARNING if isinstance(exc, ssl.SSLError) else logging.DEBUG
+                log.log(level, "%s: connect to %s (%s:%s) failed: %s", self.node, out.peer, out.host,
+                        out.port, exc)
                 await asyncio.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, self._backoff[1])
                 continue
