@@ -74,6 +74,7 @@ class QueueProcess:
     """Shared logic of quorum and classic queues: commands out, effects in."""
 
     kind = "quorum"
+    _replaying = False  # applying log entries written before this start
 
     def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig) -> None:
         self.host = host
@@ -238,6 +239,10 @@ class QueueProcess:
             consumer.deliver(self, msg_id, msg, count, redelivered)  # type: ignore[arg-type]
 
     def _dead_letter(self, eff: qe.DeadLetter) -> None:
+        if self._replaying:
+            # At-most-once: these were dead-lettered (or lost) before the restart;
+            # re-running the effect while replaying the log would duplicate them.
+            return
         out = []
         for index, count in eff.messages:
             try:
@@ -372,6 +377,9 @@ class QuorumQueue(QueueProcess):
         self.glog = glog
         self._on_role = on_role_change
         applied = 0
+        # Entries up to here were in the log before this start: applying them
+        # again replays history, whose external effects already happened.
+        self._recovered_index = glog.last_index()
         # Bodies of live messages below the snapshot index that this replica's
         # log does not hold (it was installed from the leader's snapshot).
         self._snap_bodies: dict[int, Message] = {}
@@ -435,6 +443,7 @@ class QuorumQueue(QueueProcess):
         return (props, body, exchange, rk)
 
     def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
+        self._replaying = index <= self._recovered_index
         reply = super()._apply_payload(index, term, ts, payload)
         self.applied_since_snapshot += 1
         return reply

@@ -8,11 +8,14 @@ commit means the WAL write was fsynced: so nothing confirmed can be missing.
 """
 from __future__ import annotations
 
+import struct
 import threading
 import time
 
 import pika
 from pika.spec import BasicProperties
+
+from bench.amqp_raw import RawClient
 
 from .broker_proc import BrokerProcess
 from .test_compat import QQ, connect
@@ -36,6 +39,33 @@ def _publisher(port: int, confirmed: list[int], stop: threading.Event, errors: l
         errors.append(exc)
 
 
+def _raw_publisher(port: int, state: dict[str, int], stop: threading.Event) -> None:
+    """Pipelined publishes of 'r<seq>' with confirms (up to ~400 in flight, at
+    most 30000 in all, so draining stays quick); state['confirmed'] is the
+    highest seq acked (acks come in order)."""
+    try:
+        c = RawClient("127.0.0.1", port)
+        c.confirm_select()
+        seq = 0
+        while not stop.is_set() and state["confirmed"] < 30000:
+            if seq < 30000:
+                c.sock.sendall(b"".join(RawClient.publish_frames(b"dur-raw", b"r%d" % (seq + i + 1))
+                                        for i in range(100)))
+                seq += 100
+                state["sent"] = seq
+            while state["confirmed"] < seq - (300 if seq < 30000 else 0):
+                for ftype, _ch, payload in c.read_frames():
+                    if ftype != 1:
+                        continue
+                    method = struct.unpack_from(">HH", payload)
+                    if method == (60, 80):
+                        state["confirmed"] = max(state["confirmed"], struct.unpack_from(">Q", payload, 4)[0])
+                    elif method == (60, 120):
+                        state["nacked"] += 1
+    except (OSError, ConnectionError):
+        return
+
+
 def _wait(cond: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not cond():  # type: ignore[operator]
@@ -57,12 +87,16 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     ch.exchange_bind("dur-x", "dur-fan")
     ch.queue_declare("dur-classic", durable=True)
     ch.queue_bind("dur-classic", "dur-fan")
-    # a message whose TTL runs out around the restart: the new leader must still
-    # expire it (the TTL timer is not in the log) and dead-letter it
+    # TTL: 'ttl-short' is dead-lettered before the kill and must not be dead-lettered
+    # again when the restarted node replays its log; 'ttl' runs out around the
+    # restart: the new leader must still expire it (the timer is not in the log)
     ch.queue_declare("dur-ttl-dlq", durable=True, arguments=QQ)
     ch.queue_declare("dur-ttl", durable=True, arguments={**QQ, "x-dead-letter-exchange": "",
                                                           "x-dead-letter-routing-key": "dur-ttl-dlq"})
     ch.confirm_delivery()
+    ch.basic_publish("", "dur-ttl", b"ttl-short", BasicProperties(delivery_mode=2, expiration="50"))
+    _wait(lambda: ch.queue_declare("dur-ttl-dlq", passive=True).method.message_count == 1, 10,
+          "the short-TTL message to be dead-lettered")
     ch.basic_publish("", "dur-ttl", b"ttl", BasicProperties(delivery_mode=2, expiration="3000"))
     for i in range(5):
         ch.basic_publish("dur-x", "k", b"u%d" % i, BasicProperties(delivery_mode=2))
@@ -80,13 +114,18 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     confirmed: list[int] = []
     errors: list[BaseException] = []
     stop = threading.Event()
-    t = threading.Thread(target=_publisher, args=(b.port, confirmed, stop, errors), daemon=True)
-    t.start()
-    _wait(lambda: len(confirmed) >= 300, 30, "300 confirmed publishes")
-    b.kill()  # SIGKILL while the publisher is mid-stream
-    t.join(15)
+    ch.queue_declare("dur-raw", durable=True, arguments=QQ)
+    raw: dict[str, int] = {"sent": 0, "confirmed": 0, "nacked": 0}
+    threads = [threading.Thread(target=_publisher, args=(b.port, confirmed, stop, errors), daemon=True),
+               threading.Thread(target=_raw_publisher, args=(b.port, raw, stop), daemon=True)]
+    for t in threads:
+        t.start()
+    _wait(lambda: len(confirmed) >= 30 and raw["confirmed"] >= 3000, 60, "confirmed publishes")
+    b.kill()  # SIGKILL while both publishers are mid-stream
+    for t in threads:
+        t.join(15)
     stop.set()
-    assert not t.is_alive() and not errors
+    assert not any(t.is_alive() for t in threads) and not errors and raw["nacked"] == 0
     n_confirmed = len(confirmed)
 
     b.start()
@@ -114,11 +153,29 @@ def test_kill_9_keeps_confirmed_and_redelivers_unacked(fresh_broker: BrokerProce
     assert published[:n_confirmed] == [b"p%d" % i for i in range(n_confirmed)]
     assert published[n_confirmed:] == [b"p%d" % i for i in range(n_confirmed, len(published))]
     assert len(published) - n_confirmed <= 1  # one publish at a time was in flight
-    _wait(lambda: ch.queue_declare("dur-ttl-dlq", passive=True).method.message_count == 1, 30,
+    _wait(lambda: ch.queue_declare("dur-ttl", passive=True).method.message_count == 0, 30,
+          "the TTL'd message to expire after the restart")
+    _wait(lambda: ch.queue_declare("dur-ttl-dlq", passive=True).method.message_count >= 2, 30,
           "the TTL'd message to be dead-lettered after the restart")
-    method, props, body = ch.basic_get("dur-ttl-dlq", auto_ack=True)
-    assert body == b"ttl" and props.headers["x-death"][0]["reason"] in ("expired", b"expired")
-    assert ch.queue_declare("dur-ttl", passive=True).method.message_count == 0
+    dead = []
+    while True:
+        method, props, body = ch.basic_get("dur-ttl-dlq", auto_ack=True)
+        if method is None:
+            break
+        dead.append((body, props.headers["x-death"][0]["reason"]))
+    assert sorted(dead) == [(b"ttl", "expired"), (b"ttl-short", "expired")]  # each once
+    # the pipelined publisher: every confirmed one is there, in order, and
+    # nothing that was never sent
+    n_raw = ch.queue_declare("dur-raw", passive=True).method.message_count
+    assert raw["confirmed"] <= n_raw <= raw["sent"]
+    bodies = []
+    for method, _props, body in ch.consume("dur-raw", auto_ack=True, inactivity_timeout=10):
+        assert method is not None, "delivery timed out"
+        bodies.append(body)
+        if len(bodies) == n_raw:
+            break
+    ch.cancel()
+    assert bodies == [b"r%d" % i for i in range(1, n_raw + 1)]
     # the bindings survived: dur-fan -> dur-x -(k)-> dur-q and dur-fan -> dur-classic
     ch.queue_declare("dur-classic", passive=True)
     ch.confirm_delivery()
