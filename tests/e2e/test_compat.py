@@ -629,7 +629,11 @@ def s_classic_redelivery(port: int) -> dict[str, Any]:
         method, props, _body = ch.basic_get("cr-q")
         seen.append((method.redelivered, props.headers))
         ch.basic_nack(method.delivery_tag, requeue=True)
-    r = {"first": seen[:2], "last": seen[-1], "left": ch.queue_declare("cr-q", passive=True).method.message_count}
+    # (basic.nack is asynchronous: a passive declare may count before the requeue,
+    # but a basic.get on the same channel comes after it)
+    method, props, _body = ch.basic_get("cr-q", auto_ack=True)
+    r = {"first": seen[:2], "last": seen[-1], "final": (method.redelivered, props.headers),
+         "left": ch.queue_declare("cr-q", passive=True).method.message_count}
     ch.queue_delete("cr-q")
     conn.close()
     return r
