@@ -110,6 +110,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster.port", _int(1, 65535), 25672, "peer transport port"),
     Setting("cluster.bind", _str, "0.0.0.0", "peer transport bind address"),
     Setting("cluster.seeds", _list, (), "cluster nodes as NODE_NAME:PORT (rabbit@host:25672)", True),
+    Setting("cluster.initial_members", _list, (),
+            "node names forming the cluster at creation (default: all of cluster.seeds); "
+            "a node outside it joins a running cluster", True),
     Setting("cluster.formation_timeout_ms", _int(1000), 120000, "how long start-up waits for a quorum"),
     Setting("cluster.secret_file", _str, "", "file holding the shared cluster secret"),
     Setting("cluster.tls.certfile", _str, "", "peer TLS certificate (optional)"),

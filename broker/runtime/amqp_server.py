@@ -282,7 +282,13 @@ class Channel:
         q = node.queue(self._vhost(), name)
         if not m.nowait:
             ov = q.overview() if q is not None else {"messages_ready": 0}
-            consumers = len(q.consumers) if q is not None else 0
+            if q is not None and q.kind == "quorum" and not q.is_leader:
+                # counts as the leader has them (this node may hold no replica)
+                try:
+                    ov = await node.membership.queue_overview(self._vhost(), name) or ov
+                except Exception as exc:  # no leader right now: report what we know
+                    log.debug("declare-ok counts for %s: %s", name, exc)
+            consumers = ov.get("consumers", len(q.consumers) if q is not None else 0)
             self.send(_declare_ok(name, ov["messages_ready"], consumers))
 
     def queue_bind(self, m: C.Queue.Bind, unbind: bool = False) -> None:

@@ -140,6 +140,20 @@ class Cluster:
         if self.on_peer_down is not None:
             self.on_peer_down(peer)
 
+    def add_peer(self, name: str, host: str, port: int) -> None:
+        """A node joined the cluster (or we learned its address from the metadata)."""
+        if name == self.name or self.peers.get(name) == (host, port):
+            return
+        self.peers[name] = (host, port)
+        self.members = sorted({self.name, *self.peers})
+        self.transport.add_peer(name, host, port)
+        self.transport.send(name, ["h", self.node.incarnation])
+
+    def send_join(self, host: str, port: int) -> None:
+        """Ask every seed to let this node into the cluster (see Node.handle_join)."""
+        for peer in self.peers:
+            self.transport.send(peer, ["j", self.name, host, port])
+
     def connected(self, peer: str) -> bool:
         return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
 
@@ -257,6 +271,8 @@ class Cluster:
                 self._on_reply(m[1], m[2], m[3])
             elif kind == "d":
                 self.node.remote_deliveries(m[1], m[2], m[3], m[4], m[5], m[6])
+            elif kind == "j":
+                self.node.handle_join(m[1], m[2], m[3])
             elif kind == "h":
                 old = self.incarnations.get(peer)
                 self.incarnations[peer] = m[1]

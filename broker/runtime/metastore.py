@@ -27,6 +27,8 @@ from .raft_group import RaftGroup, encode_membership
 log = logging.getLogger("broker.metastore")
 
 META_GROUP = "__metadata__"
+#: runtime-parameter component recording joined nodes' peer addresses ("host:port")
+CLUSTER_NODES = "cluster_nodes"
 
 
 class MetadataStore:
@@ -39,6 +41,8 @@ class MetadataStore:
         raft_config: RaftConfig,
         on_effects: Callable[[list[Any]], None],
         forward: Callable[[str, bytes], Awaitable[int]] | None = None,
+        learner: bool = False,
+        on_cluster_node: Callable[[str, str], None] | None = None,
         default_user: str = "guest",
         default_pass: str = "guest",
         default_vhost: str = "/",
@@ -46,6 +50,7 @@ class MetadataStore:
         self.glog = glog
         self._on_effects = on_effects
         self._forward = forward
+        self._on_cluster_node = on_cluster_node
         # Replies by log index (every node computes the same reply for an
         # entry): a command forwarded to the leader gets its reply from the
         # local replica once that applied the entry. Bounded.
@@ -59,7 +64,10 @@ class MetadataStore:
             self.state = md.from_bytes(snap.data)
             applied = snap.meta.index
         self.group = RaftGroup(
-            META_GROUP, node_name, glog, Membership(frozenset(NodeId(m) for m in members)),
+            META_GROUP, node_name, glog,
+            # A joining node starts knowing no configuration: it cannot campaign
+            # and takes the configuration from the leader's log.
+            Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
             self._apply, send, raft_config=raft_config, on_role_change=self._role_changed,
             on_snapshot=self._install_snapshot, applied=applied,
         )
@@ -93,6 +101,8 @@ class MetadataStore:
             self.bootstrapped = True
         if effects:
             self._on_effects(list(effects))
+        if isinstance(cmd, md.SetParameter) and cmd.component == CLUSTER_NODES:
+            self._announce_nodes()
         self.replies[index] = reply
         if len(self.replies) > 10_000:
             self.replies.popitem(last=False)
@@ -121,6 +131,15 @@ class MetadataStore:
     def _install_snapshot(self, data: bytes) -> None:
         self.state = md.from_bytes(data)
         self.bootstrapped = bool(self.state.vhosts)
+        self._announce_nodes()
+
+    def _announce_nodes(self) -> None:
+        """Tell the node every cluster node's address recorded in the metadata."""
+        if self._on_cluster_node is None:
+            return
+        for (_vhost, component, name), p in list(self.state.parameters.items()):
+            if component == CLUSTER_NODES and isinstance(p.value, str):
+                self._on_cluster_node(name, p.value)
 
     def _role_changed(self, role: Role, leader: NodeId | None) -> None:
         # Only a brand-new log is bootstrapped: a restarted node replays its

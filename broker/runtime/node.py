@@ -36,7 +36,7 @@ from .cluster import Cluster, NotLeaderHere
 from .definitions import DefinitionsError, load_definitions_file
 from .membership import Membership
 from .membership import control as membership_control
-from .metastore import META_GROUP, MetadataStore
+from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
 
 #: A peer disconnected for longer than this is treated as down: the messages
@@ -72,6 +72,8 @@ class Node:
         self._auto_delete_pending: set[tuple[str, str]] = set()
         self.port = 0
         self.cluster: Cluster | None = None
+        self._join_in_progress: dict[str, bool] = {}
+        self._join_task: asyncio.Task[None] | None = None
         self.membership = Membership(self)
         self._down_since: dict[str, float] = {}
         self._housekeeping_task: asyncio.Task[None] | None = None
@@ -91,18 +93,31 @@ class Node:
         )
         members = [self.node_name]
         seeds = self.config["cluster.seeds"]
+        joining = False
+        meta_glog = self.storage.open_group(META_GROUP)
         if seeds:
             server_ssl, client_ssl = self._cluster_tls()
             self.cluster = Cluster(self, seeds, self.config["cluster.bind"],
                                    self.config["cluster.port"], self._cluster_secret(),
                                    server_ssl=server_ssl, client_ssl=client_ssl)
             members = self.cluster.members
+            initial = list(self.config["cluster.initial_members"]) or members
+            fresh = meta_glog.last_index() == 0 and meta_glog.snapshot_meta() is None
+            if self.node_name not in initial:
+                # Not one of the nodes that formed the cluster: join it. (With
+                # data, this node is already a member and simply restarts.)
+                joining = fresh
+            else:
+                members = sorted(initial)
             self.cluster.on_peer_down = self._peer_down
             await self.cluster.start()
         self.meta = MetadataStore(
-            self.node_name, self.storage.open_group(META_GROUP), members, self.send_raft,
-            self.raft_config, self._meta_effects, self._forward_meta, self.config["default_user"],
-            self.config["default_pass"], self.config["default_vhost"],
+            self.node_name, meta_glog,
+            [] if joining else members, self.send_raft,
+            self.raft_config, self._meta_effects, self._forward_meta,
+            learner=joining, on_cluster_node=self._learned_node,
+            default_user=self.config["default_user"],
+            default_pass=self.config["default_pass"], default_vhost=self.config["default_vhost"],
         )
         self._groups_by_id[META_GROUP] = self.meta.group
         # A fresh replica (empty log, no snapshot): the cluster is being created.
@@ -110,6 +125,8 @@ class Node:
         if len(members) == 1:
             self.meta.group.campaign()
         self._tick_task = loop.create_task(self._ticker())
+        if joining:
+            self._join_task = loop.create_task(self._join())
         await self._wait(lambda: self.meta.bootstrapped and self.meta.group.leader is not None,
                          self.config["cluster.formation_timeout_ms"] / 1000,
                          "the metadata store did not become ready (is a quorum of "
@@ -147,6 +164,8 @@ class Node:
             self._tick_task.cancel()
         if self._housekeeping_task is not None:
             self._housekeeping_task.cancel()
+        if self._join_task is not None:
+            self._join_task.cancel()
         for q in self.queues.values():
             q.close()
         if self.cluster is not None:
@@ -257,6 +276,59 @@ class Node:
             for q in list(self.queues.values()):
                 if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                     q.reap_dead_channels()
+
+    def _advertised(self) -> tuple[str, int]:
+        """Where peers reach this node: the host part of its name and the
+        peer port (cluster.bind may be a wildcard)."""
+        return self.node_name.rpartition("@")[2], self.config["cluster.port"]
+
+    async def _join(self) -> None:
+        """Ask the seeds until the metadata leader has added this node (it then
+        receives the metadata log as a learner and is promoted once caught up)."""
+        assert self.cluster is not None
+        host, port = self._advertised()
+        while not (self.meta.bootstrapped and self.meta.group.leader is not None
+                   and self.node_name in self.meta.group.node.config.voters):
+            self.cluster.send_join(host, port)
+            await asyncio.sleep(0.5)
+        log.info("node %s: joined the cluster", self.node_name)
+
+    def handle_join(self, name: str, host: str, port: int) -> None:
+        """A node asks to join: the metadata leader records its address (every
+        node then connects to it) and adds it to the metadata group as a
+        learner; others pass the request on to the leader."""
+        if self.cluster is None:
+            return
+        g = self.meta.group
+        if not g.is_leader:
+            if g.leader and g.leader != self.node_name:
+                self.cluster.transport.send(g.leader, ["j", name, host, port])
+            return
+        self.cluster.add_peer(name, host, port)
+        if self._join_in_progress.get(name):
+            return
+        self._join_in_progress[name] = True
+
+        async def admit() -> None:
+            try:
+                addr = f"{host}:{port}"
+                rec = self.meta.state.parameters.get((md.VhostName("/"), CLUSTER_NODES, name))
+                if rec is None or rec.value != addr:
+                    await self.meta.execute(md.SetParameter(md.VhostName("/"), CLUSTER_NODES, name, addr))
+                if name not in g.node.config.members:
+                    from broker.raft import ConfChange, ConfChangeKind, NodeId
+                    await g.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId(name)))
+                    log.info("node %s: admitted %s to the cluster", self.node_name, name)
+            except Exception as exc:  # retried by the joiner's next request
+                log.info("join of %s not done yet: %s", name, exc)
+            finally:
+                self._join_in_progress.pop(name, None)
+        asyncio.ensure_future(admit())
+
+    def _learned_node(self, name: str, addr: str) -> None:
+        if self.cluster is not None and name != self.node_name:
+            host, _, port = addr.rpartition(":")
+            self.cluster.add_peer(name, host, int(port))
 
     def _peer_down(self, peer: str) -> None:
         """The connection to `peer` broke (a killed node's sockets close at

@@ -389,8 +389,7 @@ class QuorumQueue(QueueProcess):
             applied = snap.meta.index
         self.group = RaftGroup(
             glog.group_id, host.node_name, glog,
-            Membership(frozenset(NodeId(m) for m in members),
-                       frozenset({NodeId(host.node_name)}) if learner else frozenset()),
+            Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
             self._apply_payload, host.send_raft, raft_config=raft_config,
             on_role_change=self._role_changed, on_snapshot=self._install_snapshot,
             augment_snapshot=self._snapshot_with_bodies,

@@ -98,11 +98,31 @@ class GroupLogStorage:
         self.augment = augment
 
     def initial_state(self) -> tuple[HardState, Membership]:
+        """The membership is the snapshot's; else, when the log holds a CONFIG
+        entry, none: the node replays the log and takes the configuration the
+        committed CONFIG entries carry (the bootstrap list is only right for a
+        log that never changed membership, e.g. the group's original members);
+        else the bootstrap membership."""
         hs = self.glog.hard_state()
         meta = self.glog.snapshot_meta()
-        membership = decode_membership(meta.config) if meta is not None else self.bootstrap
+        if meta is not None:
+            membership = decode_membership(meta.config)
+        elif self._has_config_entry():
+            membership = Membership(frozenset(), frozenset())
+        else:
+            membership = self.bootstrap
         vote = NodeId(hs.voted_for) if hs.voted_for is not None else None
         return HardState(Term(hs.term), vote, Index(hs.commit)), membership
+
+    def _has_config_entry(self) -> bool:
+        lo, last = self.glog.first_index(), self.glog.last_index()
+        config = EntryKind.CONFIG.value
+        while lo <= last:
+            batch = self.glog.entries(lo, last + 1, 16 << 20)
+            if any(e.kind == config for e in batch):
+                return True
+            lo = batch[-1].index + 1
+        return False
 
     def _snap_index(self) -> int:
         meta = self.glog.snapshot_meta()
