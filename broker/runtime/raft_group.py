@@ -181,6 +181,12 @@ def _hs_covers(durable: st.HardState, hs: st.HardState) -> bool:
     return durable.voted_for == hs.voted_for and durable.commit >= hs.commit
 
 
+#: payload tags (see runtime/queues.py) whose fields are all msgpack scalars:
+#: ["E", publisher, seq, size, priority, expiration, props, body, exchange, key]
+#: and ["S", channel, tag, [msg ids]] (the list is read with tuple()).
+_PLAIN_PAYLOADS = frozenset({"E", "S"})
+
+
 class ProposalFailed(Exception):
     """The proposal will not be applied: overwritten by another leader's entry,
     or the group stopped."""
@@ -228,6 +234,8 @@ class RaftGroup:
         self._pending_writes: deque[_PendingWrite] = deque()
         # (index -> (term, future)): resolved when that index is applied.
         self._waiters: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        # index -> (term, timestamp, payload) of this leader's own hot-path proposals
+        self._proposed: dict[int, tuple[int, int, Any]] = {}
         self.stopped: BaseException | None = None
         self.role = Role.FOLLOWER
         self.leader: NodeId | None = None
@@ -258,10 +266,17 @@ class RaftGroup:
         Raises NotLeader(leader) at once on a follower."""
         if self.stopped is not None:
             raise ProposalFailed(f"group {self.group_id} stopped: {self.stopped}")
-        data = msgpack.packb([self._clock_ms(), payload], use_bin_type=True)
+        ts = self._clock_ms()
+        data = msgpack.packb([ts, payload], use_bin_type=True)
         index = self.node.propose(data)
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._waiters[index] = (self.node.term, fut)
+        term = self.node.term
+        self._waiters[index] = (term, fut)
+        if type(payload) is list and payload and payload[0] in _PLAIN_PAYLOADS:
+            # Hot path: apply the leader's own proposal without decoding it
+            # again. Only for payloads made of scalars, so the leader applies
+            # exactly what followers decode.
+            self._proposed[index] = (term, ts, payload)
         self._kick()
         return fut
 
@@ -344,7 +359,11 @@ class RaftGroup:
         waiter = self._waiters.pop(e.index, None)
         reply: Any = None
         if e.kind is EntryKind.NORMAL:
-            ts, payload = msgpack.unpackb(e.data, raw=False, strict_map_key=False)
+            mine = self._proposed.pop(e.index, None) if self._proposed else None
+            if mine is not None and mine[0] == e.term:
+                ts, payload = mine[1], mine[2]
+            else:
+                ts, payload = msgpack.unpackb(e.data, raw=False, strict_map_key=False)
             self.last_applied_ms = ts
             reply = self._apply(e.index, e.term, ts, payload)
         self.applied_index = e.index
