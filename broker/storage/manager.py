@@ -49,6 +49,7 @@ from .errors import (
     GroupClosedError,
     GroupFailedError,
     InvalidEntriesError,
+    InvariantError,
     LogGapError,
     StorageError,
     StorageIOError,
@@ -101,14 +102,19 @@ class _Mark:
 
 
 class _SegReader:
-    """An open, fully verified segment file: fd + index slots."""
+    """An open, fully verified segment file: fd + index slots.
 
-    __slots__ = ("fd", "slots", "first")
+    `seg` is the very _SegFile it was opened for: a path can name another
+    file later (a deleted and re-created group numbers its segments from 1
+    again), so the cache only answers for that object."""
 
-    def __init__(self, fd: int, slots: list[codec.SegmentSlot]) -> None:
+    __slots__ = ("fd", "slots", "first", "seg")
+
+    def __init__(self, fd: int, slots: list[codec.SegmentSlot], seg: _SegFile) -> None:
         self.fd = fd
         self.slots = slots
         self.first = slots[0].idx
+        self.seg = seg
 
 
 class _Pending:
@@ -305,6 +311,12 @@ class GroupLog:
             self._failed = exc
             log.error("storage: group %r stopped: %s", self.group_id, exc)
 
+    def _broken(self, what: str) -> InvariantError:
+        """A read would serve entries other than those asked for (a bug): stop the group."""
+        exc = InvariantError(f"group {self.group_id!r}: {what}")
+        self._fail(exc)
+        return exc
+
     # ----- queries
     def first_index(self) -> int:
         """Smallest retained index (entries below the snapshot stay until released)."""
@@ -379,7 +391,10 @@ class GroupLog:
         piece = self._piece_for(index)
         if piece is not None:
             reader = self._reader(piece[2])
-            return reader.slots[index - reader.first].term
+            k = index - reader.first
+            if not 0 <= k < len(reader.slots) or reader.slots[k].idx != index:
+                raise self._broken(f"{piece[2].path}: no slot for entry {index}")
+            return reader.slots[k].term
         first = self._log_first()
         if first is None or index < first or (snap is not None and index < snap.index):
             raise CompactedError(f"group {self.group_id!r}: index {index} is compacted")
@@ -453,7 +468,10 @@ class GroupLog:
         self, f: _SegFile, lo: int, hi: int, size: int, max_bytes: int | None, have: bool
     ) -> tuple[list[Entry], int, bool]:
         reader = self._reader(f)
-        slots = reader.slots[lo - reader.first : hi - reader.first + 1]
+        k = lo - reader.first
+        slots = reader.slots[k : hi - reader.first + 1] if k >= 0 else []
+        if len(slots) != hi - lo + 1 or slots[0].idx != lo or slots[-1].idx != hi:
+            raise self._broken(f"{f.path}: slots do not hold entries [{lo}, {hi}]")
         start = slots[0].offset
         end = slots[-1].offset + slots[-1].length
         buf = os.pread(reader.fd, end - start, start)
@@ -1103,8 +1121,12 @@ class LogManager:
         """Open + fully verify a segment file (lock held); LRU-cached."""
         r = self._readers.get(f.path)
         if r is not None:
-            self._readers.move_to_end(f.path)
-            return r
+            if r.seg is f:
+                self._readers.move_to_end(f.path)
+                return r
+            # the path now names another file (re-created group): never serve the old one
+            del self._readers[f.path]
+            os.close(r.fd)
         fd = os.open(f.path, os.O_RDONLY)
         try:
             buf = read_file(f.path)
@@ -1119,7 +1141,7 @@ class LogManager:
         except BaseException:
             os.close(fd)
             raise
-        r = _SegReader(fd, slots)
+        r = _SegReader(fd, slots, f)
         self._readers[f.path] = r
         while len(self._readers) > self.config.segment_cache_size:
             _path, old = self._readers.popitem(last=False)
@@ -1214,6 +1236,12 @@ class LogManager:
                 item = _Pending(None, 0, [rec], len(rec), None, None, None, done, ref)
                 self._enqueue(item)
             done.wait()
+            with self._lock:
+                # every write of the old incarnation is done: close its cached
+                # readers (an open fd would keep the deleted files' space)
+                prefix = os.path.join(path, "")
+                for p in [p for p in self._readers if p.startswith(prefix)]:
+                    self._evict(p)
             if item.error is not None:
                 raise item.error
             if os.path.isdir(path):
@@ -1351,6 +1379,14 @@ class LogManager:
         notify: list[tuple[GroupLog, int, int]] = []
         with self._lock:
             for g, items in touched.items():
+                if self._groups.get(g.group_id) is not g:
+                    # Deleted while this batch was written (its records precede the
+                    # DELETE record). Touch nothing of it: its hard state must not
+                    # re-enter _hs_records (carried into the next WAL file, past the
+                    # DELETE, it would be replayed as the re-created group's), and
+                    # reading its term could cache a reader of a file whose path
+                    # the re-created group reuses.
+                    continue
                 last_entry = None
                 hs = None
                 for item in items:

@@ -3,6 +3,7 @@ overwrite, hard state, roll-over into segments, snapshots, release, reopen."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -281,6 +282,68 @@ def test_delete_group_forgets_everything_and_survives_restart(tmp_path: Path) ->
         assert read_all(m.open_group("%2F/a")) == entries("a", 1, 3, 7)
         assert m.open_group("%2F/a" + "x").last_index() == 0
         assert read_all(m.open_group("b")) == entries("b", 1, 30, 1)
+
+
+class _SeesDelete(LogManager):
+    """Sets `delete_queued` once delete_group() has queued its DELETE record."""
+
+    delete_queued = threading.Event()
+
+    def _enqueue(self, item) -> None:  # type: ignore[no-untyped-def]
+        super()._enqueue(item)
+        if item.group is None and item.parts:
+            self.delete_queued.set()
+
+
+def test_delete_while_the_groups_records_are_being_written(tmp_path: Path) -> None:
+    """delete_group() while the writer still has the group's records in hand
+    (blocked here in another group's callback): the writer must not bring
+    back the old incarnation's hard state (carried into the next WAL file
+    past the DELETE record, it was recovered as the new group's) nor cache a
+    reader of its segment files (the new group reuses their paths: reads
+    then served the old entries), and gets no callback for it."""
+    cfg = StorageConfig(wal_max_size_bytes=2048, segment_max_entries=4,
+                        stagger_first_roll_over=False)
+    gate, in_callback = threading.Event(), threading.Event()
+    old_calls: list[int] = []
+
+    def blocking(group: str, index: int, term: int) -> None:
+        in_callback.set()
+        gate.wait(10)
+
+    m = _SeesDelete(tmp_path, cfg)
+    m.delete_queued = threading.Event()
+    try:
+        a = m.open_group("a", on_durable=lambda g, i, t: old_calls.append(i))
+        blocker = m.open_group("blocker", on_durable=blocking)
+        a.append(entries("a", 1, 40, 1))  # one batch past the WAL size: rolls over
+        m.sync()
+        assert m.wait_flushed(10) and a.segment_files() and a.durable_index() == 39
+        blocker.append(entries("blocker", 1, 2, 1))
+        assert in_callback.wait(10)  # the writer is now stuck in `blocking`
+        a.set_hard_state(HardState(3, "n1", 9))
+        calls_before = len(old_calls)
+        deleting = threading.Thread(target=m.delete_group, args=("a",))
+        deleting.start()
+        assert m.delete_queued.wait(10)
+        gate.set()
+        deleting.join(10)
+        assert not deleting.is_alive()
+        assert len(old_calls) == calls_before
+        fresh = m.open_group("a")
+        fresh.append(entries("a", 1, 40, 2))  # same segment file names as before
+        m.sync()
+        assert m.wait_flushed(10) and m.stats["rollovers"] >= 2
+        assert fresh.term(39) == 2
+        assert read_all(fresh) == entries("a", 1, 40, 2)
+        assert fresh.hard_state() == HardState()
+    finally:
+        gate.set()
+        m.close()
+    with manager(tmp_path, cfg) as m2:
+        again = m2.open_group("a")
+        assert again.hard_state() == HardState()
+        assert read_all(again) == entries("a", 1, 40, 2)
 
 
 class _CrashBeforeRemoving(LogManager):
