@@ -30,6 +30,7 @@ from typing import Any
 from broker import queue as qm
 
 from . import raft_wire
+from .raft_group import ProposalFailed
 from .transport import PeerTransport
 
 log = logging.getLogger("broker.cluster")
@@ -301,7 +302,12 @@ class Cluster:
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
-                reply("error", str(f.exception()))
+                if isinstance(f.exception(), ProposalFailed) and "replaced" in str(f.exception()):
+                    # Proposed here while leader, then overwritten by a new
+                    # leader's entry: never applied, so the requester re-sends it.
+                    reply("not_leader", self.node.queue_leader(vhost, queue))
+                else:
+                    reply("error", str(f.exception()))
                 return
             result = f.result()
             if isinstance(result, qm.Dequeued):
@@ -328,7 +334,11 @@ class Cluster:
                 return
             req.future.set_result(decode_reply(value))
         elif status == "not_leader":
-            pass  # the retry loop re-sends, in order, once this node learns the new leader
+            # Refused unapplied (the target is not, or not yet, the leader): the
+            # retry loop re-sends the queue's requests, in order, to whoever is
+            # the leader by then (possibly the same node once it is elected).
+            for r in self._pending.get((req.vhost, req.queue), {}).values():
+                r.gen = -1
         else:
             # the leader could not apply it (group stopped, queue gone): fail
             self._finish(req)

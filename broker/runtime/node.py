@@ -38,6 +38,7 @@ from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
+from .raft_group import ProposalFailed
 
 #: A peer disconnected for longer than this is treated as down: the messages
 #: its consumers had checked out go back to their queues.
@@ -731,12 +732,22 @@ class Node:
     async def queue_command(self, q: QueueProcess, cmd: qm.Command) -> Any:
         from .amqp_server import ChannelError
 
-        try:
-            return await q.command(cmd)
-        except Exception as exc:
-            if isinstance(exc, ChannelError):
+        # A command proposed here and then overwritten by a new leader was never
+        # applied: propose it again (to the new leader) until it is, for a while.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return await q.command(cmd)
+            except ChannelError:
                 raise
-            raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: {exc}") from None
+            except ProposalFailed as exc:
+                if "replaced" not in str(exc) or q.deleted or time.monotonic() > deadline:
+                    raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
+                                            f"{exc}") from None
+                await asyncio.sleep(0.05)
+            except Exception as exc:
+                raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
+                                        f"{exc}") from None
 
     def queue_command_nowait(self, q: QueueProcess, cmd: qm.Command) -> None:
         self.queue_submit_nowait(q, lambda: q.command(cmd))
