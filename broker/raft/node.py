@@ -414,6 +414,15 @@ class RaftNode:
         if self.role is not Role.LEADER:
             self._campaign(self.cfg.pre_vote)
 
+    def leader_unreachable(self) -> None:
+        """The host saw its connection to the current leader break (a killed
+        node's sockets close at once). The follower gives up the leader's
+        lease: it now grants (pre-)votes, and campaigns at its next timeout
+        check instead of waiting a full election timeout. A mistaken report is
+        harmless: pre-vote still needs a quorum that no longer hears a leader."""
+        if self.role is not Role.LEADER and self.lead is not None:
+            self.election_elapsed = max(self.election_elapsed, self.cfg.election_tick)
+
     def tick(self) -> None:
         """Advance logical time by one tick."""
         if self.role is Role.LEADER:

@@ -339,9 +339,9 @@ class Node:
         assert self._loop is not None
         for g in list(self._groups_by_id.values()):
             if g.leader == peer and not g.is_leader and g.node.promotable:
-                # The leader's lease is over for us: grant (pre-)votes at once.
-                # (Every follower sees the same broken connection.)
-                g.node.election_elapsed = max(g.node.election_elapsed, g.node.cfg.election_tick)
+                # Every follower sees the same broken connection: all of them
+                # give up the lease, so a pre-vote can win at once.
+                g.node.leader_unreachable()
                 self._loop.call_later(random.uniform(0.05, 0.3), self._campaign_if_leader_is, g, peer)
 
     def _campaign_if_leader_is(self, g: Any, peer: str) -> None:

@@ -430,6 +430,38 @@ def test_leader_in_lease_ignores_vote_requests() -> None:
     assert c.node("2").term == 1 and c.node("2").leader_id == "1"
 
 
+def test_leader_unreachable_ends_the_lease_so_votes_are_granted() -> None:
+    c = Cluster("123")
+    c.elect("1")
+    c.node("2").leader_unreachable()
+    c.node("2").step(RequestVote(Term(5), N("3"), N("2"), Index(99), Term(9)))
+    assert c.node("2").term == 5  # no longer in the old leader's lease
+
+
+def test_leader_unreachable_reported_by_both_followers_elects_a_new_leader_at_once() -> None:
+    """What the runtime does when a leader's connections break: both followers
+    give up the lease and one campaigns; without the report the other would
+    refuse its pre-vote until its own election timeout."""
+    c = Cluster("123")
+    c.elect("1")
+    c.isolated = {"1"}
+    c.node("2").campaign()  # still in lease at "3": refused
+    c.stabilize()
+    assert c.node("2").role is not Role.LEADER
+    for n in ("2", "3"):
+        c.node(n).leader_unreachable()
+    c.node("2").campaign()
+    c.stabilize()
+    assert c.node("2").role is Role.LEADER and c.node("2").term == 2
+
+
+def test_leader_unreachable_is_a_no_op_on_a_leader() -> None:
+    c = Cluster("123")
+    c.elect("1")
+    c.node("1").leader_unreachable()
+    assert c.node("1").role is Role.LEADER
+
+
 # --- proposals and misuse -------------------------------------------------------------
 
 
