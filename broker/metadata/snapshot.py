@@ -41,31 +41,33 @@ class SnapshotError(ValueError):
     """The bytes are not a metadata snapshot this code can read."""
 
 
-def _enc(v: Any) -> Any:
+def encode_value(v: Any) -> Any:
+    """A frozen field value as msgpack-friendly data (tables -> maps, tuples -> arrays)."""
     if isinstance(v, FrozenTable):
-        return {k: _enc(x) for k, x in v.items}
+        return {k: encode_value(x) for k, x in v.items}
     if isinstance(v, tuple):
-        return [_enc(x) for x in v]
+        return [encode_value(x) for x in v]
     return v
 
 
-def _dec(v: Any) -> Any:
+def decode_value(v: Any) -> Any:
+    """Inverse of `encode_value`."""
     if isinstance(v, dict):
-        return FrozenTable(tuple(sorted(((k, _dec(x)) for k, x in v.items()), key=lambda kv: kv[0])))
+        return FrozenTable(tuple(sorted(((k, decode_value(x)) for k, x in v.items()), key=lambda kv: kv[0])))
     if isinstance(v, list):
-        return tuple(_dec(x) for x in v)
+        return tuple(decode_value(x) for x in v)
     return v
 
 
 def _rec(r: Any) -> list[Any]:
-    return [_enc(getattr(r, f.name)) for f in fields(r)]
+    return [encode_value(getattr(r, f.name)) for f in fields(r)]
 
 
 def _unrec(cls: type, raw: list[Any]) -> Any:
     names = [f.name for f in fields(cls)]
     if len(raw) != len(names):
         raise SnapshotError(f"{cls.__name__}: expected {len(names)} fields, got {len(raw)}")
-    return cls(**{n: _dec(x) for n, x in zip(names, raw, strict=True)})
+    return cls(**{n: decode_value(x) for n, x in zip(names, raw, strict=True)})
 
 
 def _default_hook(obj: Any) -> Any:

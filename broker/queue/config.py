@@ -85,7 +85,7 @@ class QueueConfig:
 # ------------------------------------------------------------ type names
 
 
-def _amqp_type(value: object) -> str:
+def amqp_type_name(value: object) -> str:
     """The AMQP 0-9-1 field-table type name RabbitMQ prints for a value."""
     if isinstance(value, bool):
         return "bool"
@@ -110,7 +110,7 @@ class _Invalid(Exception):
 
 def _as_int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _Invalid(f'"expected integer, got {_amqp_type(value)}"')
+        raise _Invalid(f'"expected integer, got {amqp_type_name(value)}"')
     return value
 
 
@@ -139,7 +139,7 @@ def _string(value: object) -> str:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", "replace")
     if not isinstance(value, str):
-        raise _Invalid(f"{{unacceptable_type,{_amqp_type(value)}}}")
+        raise _Invalid(f"{{unacceptable_type,{amqp_type_name(value)}}}")
     return value
 
 
@@ -167,7 +167,7 @@ def _locator(value: object) -> str:
 
 def _bool(value: object) -> bool:
     if not isinstance(value, bool):
-        raise _Invalid(f"{{unacceptable_type,{_amqp_type(value)}}}")
+        raise _Invalid(f"{{unacceptable_type,{amqp_type_name(value)}}}")
     return value
 
 
@@ -205,7 +205,7 @@ def _check_args(args: dict[str, Any], resource: str) -> dict[str, Any]:
         value = args[key]
         if key == "x-dead-letter-exchange" and not isinstance(value, (str, bytes, bytearray)):
             raise QueueArgumentError(
-                f"PRECONDITION_FAILED - invalid type '{_amqp_type(value)}' for arg "
+                f"PRECONDITION_FAILED - invalid type '{amqp_type_name(value)}' for arg "
                 f"'{key}' in {resource}")
         try:
             out[key] = check(value)

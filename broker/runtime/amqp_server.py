@@ -34,6 +34,7 @@ from broker import queue as qm
 from broker.amqp import codec as acodec
 from broker.amqp import events as ev
 from broker.amqp.connection import ServerConnection
+from broker.queue.config import amqp_type_name
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
 
 from .queues import Message, QueueProcess
@@ -68,7 +69,7 @@ class ConnectionError_(ChannelError):
     """A hard error: closes the whole connection."""
 
 
-def _detail(reply_text: str) -> str:
+def reply_detail(reply_text: str) -> str:
     """'NAME - detail' -> 'detail' (the codec adds the NAME prefix back)."""
     head, sep, tail = reply_text.partition(" - ")
     return tail if sep and head.isupper() else reply_text
@@ -389,7 +390,7 @@ class Channel:
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ChannelError(406, f"invalid arg 'x-priority' for queue '{qname}' in vhost "
-                                    f"'{self._vhost()}': \"expected integer, got {_amqp_type(priority)}\"", m)
+                                    f"'{self._vhost()}': \"expected integer, got {amqp_type_name(priority)}\"", m)
         # Exclusive consumers are enforced by classic queues only: RabbitMQ's quorum
         # queues (3.10 and 4.x, rabbit_quorum_queue:consume) accept the flag and
         # ignore it, and clients see that reply.
@@ -455,7 +456,7 @@ class Channel:
             self.conn.write(self.conn.amqp.send_get_ok(
                 self.number, tag, reply.redelivered, msg[2], msg[3], reply.messages_ready, props, msg[1]))
         elif isinstance(reply, qm.DequeueRefused):
-            raise ChannelError(reply.reply_code, _detail(reply.reply_text), m)
+            raise ChannelError(reply.reply_code, reply_detail(reply.reply_text), m)
         else:
             self.send(C.Basic.GetEmpty())
 
@@ -564,11 +565,7 @@ class Channel:
         for q in queues:
             if self.ref in q.blocked_publishers:
                 # overflow reject-publish in force: nack without enqueueing
-                if pending is not None:
-                    pending.nack = True
-                    pending.remaining -= 1
-                    if pending.remaining == 0:
-                        conn.confirms_dirty.add(self)
+                self._refused(pending)
                 continue
             key = id(q)
             qseq = self.queue_seqs.get(key, 0) + 1
@@ -579,11 +576,7 @@ class Channel:
                                 p.routing_key, priority, expiration)
             except Exception as exc:  # NotLeader / stopped group
                 log.warning("publish to %s failed: %s", q.name, exc)
-                if pending is not None:
-                    pending.nack = True
-                    pending.remaining -= 1
-                    if pending.remaining == 0:
-                        conn.confirms_dirty.add(self)
+                self._refused(pending)
                 continue
             conn.inflight += 1
             fut.add_done_callback(lambda f, pending=pending: self._enqueued(f, pending))
@@ -592,6 +585,14 @@ class Channel:
         if conn.inflight > HIGH_WATER:
             conn.pause()
         return futures
+
+    def _refused(self, pending: _Confirm | None) -> None:
+        """One target queue will not take the message: it is nacked."""
+        if pending is not None:
+            pending.nack = True
+            pending.remaining -= 1
+            if pending.remaining == 0:
+                self.conn.confirms_dirty.add(self)
 
     def _enqueued(self, fut: asyncio.Future[Any], pending: _Confirm | None) -> None:
         conn = self.conn
@@ -743,23 +744,6 @@ def _expiration(text: str) -> int:
     if len(prefix) + len(flat) > 78:
         flat = f"{{{term[0]},\n{' ' * (len(prefix) + 1)}{term[1]}}}"
     raise ChannelError(406, prefix + flat, _PUBLISH)
-
-
-def _amqp_type(value: Any) -> str:
-    """RabbitMQ's name for a field-table value's type (in error texts)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (str, bytes)):
-        return "longstr"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, dict):
-        return "table"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    if value is None:
-        return "void"
-    return type(value).__name__
 
 
 class _AnyNameDeclareOk(C.Queue.DeclareOk):

@@ -30,7 +30,7 @@ from typing import Any
 from broker import queue as qm
 
 from . import raft_wire
-from .raft_group import ProposalFailed
+from .raft_group import ProposalReplaced
 from .transport import PeerTransport
 
 log = logging.getLogger("broker.cluster")
@@ -302,7 +302,7 @@ class Cluster:
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
-                if isinstance(f.exception(), ProposalFailed) and "replaced" in str(f.exception()):
+                if isinstance(f.exception(), ProposalReplaced):
                     # Proposed here while leader, then overwritten by a new
                     # leader's entry: never applied, so the requester re-sends it.
                     reply("not_leader", self.node.queue_leader(vhost, queue))

@@ -31,14 +31,14 @@ from broker.amqp.connection import ServerConfig
 from broker.common.config import Config, ConfigError, load_config
 from broker.raft import RaftConfig
 
-from .amqp_server import AmqpConnection
+from .amqp_server import AmqpConnection, reply_detail
 from .cluster import Cluster, NotLeaderHere
 from .definitions import DefinitionsError, load_definitions_file
 from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
-from .raft_group import ProposalFailed
+from .raft_group import ProposalReplaced
 
 #: A peer disconnected for longer than this is treated as down: the messages
 #: its consumers had checked out go back to their queues.
@@ -649,7 +649,7 @@ class Node:
             try:
                 qm.parse_queue_arguments(_qq_args(arguments), name, vhost)
             except qm.QueueArgumentError as exc:
-                raise ChannelError(exc.reply_code, _strip(exc.reply_text), method) from None
+                raise ChannelError(exc.reply_code, reply_detail(exc.reply_text), method) from None
         members, leader = self._place(qtype == "quorum" and existing is None, arguments)
         cmd = md.DeclareQueue(
             md.VhostName(vhost), md.QueueName(name), durable, exclusive_owner, auto_delete,
@@ -740,8 +740,8 @@ class Node:
                 return await q.command(cmd)
             except ChannelError:
                 raise
-            except ProposalFailed as exc:
-                if "replaced" not in str(exc) or q.deleted or time.monotonic() > deadline:
+            except ProposalReplaced as exc:
+                if q.deleted or time.monotonic() > deadline:
                     raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
                                             f"{exc}") from None
                 await asyncio.sleep(0.05)
@@ -816,11 +816,6 @@ def _qq_args(args: dict[str, Any]) -> dict[str, Any]:
     if args.get("x-overflow") in ("reject-publish-dlx", b"reject-publish-dlx"):
         return {k: v for k, v in args.items() if k != "x-overflow"}
     return args
-
-
-def _strip(reply_text: str) -> str:
-    head, sep, tail = reply_text.partition(" - ")
-    return tail if sep and head.isupper() else reply_text
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:

@@ -192,6 +192,11 @@ class ProposalFailed(Exception):
     or the group stopped."""
 
 
+class ProposalReplaced(ProposalFailed):
+    """A new leader's entry took the proposal's place: it was never applied,
+    so proposing it again (to the new leader) is safe."""
+
+
 ApplyFn = Callable[[int, int, int, Any], Any]
 """apply(index, term, timestamp_ms, payload) -> reply (NORMAL entries only)."""
 
@@ -374,7 +379,7 @@ class RaftGroup:
             if term == e.term:
                 fut.set_result(reply)
             else:
-                fut.set_exception(ProposalFailed(f"entry {e.index} was replaced by a new leader"))
+                fut.set_exception(ProposalReplaced(f"entry {e.index} was replaced by a new leader"))
 
     # ------------------------------------------------------------ durability
     def on_durable(self) -> None:
@@ -425,5 +430,5 @@ class RaftGroup:
         self._waiters.clear()
 
 
-__all__ = ["GroupLogStorage", "NotLeader", "ProposalFailed", "RaftGroup", "decode_membership",
+__all__ = ["GroupLogStorage", "NotLeader", "ProposalFailed", "ProposalReplaced", "RaftGroup", "decode_membership",
            "encode_membership"]

@@ -3,8 +3,8 @@
 Where it sits: between the pure machines' command dataclasses and the bytes
 Raft replicates. Metadata commands are frozen dataclasses holding strings,
 numbers, tuples and `FrozenTable`s; they are encoded as
-``[class name, [field values...]]`` with tables as maps and tuples as arrays
-(the same conventions as `broker.metadata.snapshot`). AMQP field values that
+``[class name, [field values...]]`` with the value codec of
+`broker.metadata.snapshot` (tables as maps, tuples as arrays). AMQP field values that
 msgpack cannot carry natively (Decimal, datetime) are converted with ext types.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import msgpack
 
 from broker import metadata as md
 from broker.metadata import commands as mdc
-from broker.metadata.types import FrozenTable
+from broker.metadata.snapshot import decode_value, encode_value
 
 _EXT_DECIMAL = 1
 _EXT_DATETIME = 2
@@ -54,31 +54,15 @@ def unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
-def _enc(v: Any) -> Any:
-    if isinstance(v, FrozenTable):
-        return {k: _enc(x) for k, x in v.items}
-    if isinstance(v, tuple):
-        return [_enc(x) for x in v]
-    return v
-
-
-def _dec(v: Any) -> Any:
-    if isinstance(v, dict):
-        return FrozenTable(tuple(sorted(((k, _dec(x)) for k, x in v.items()), key=lambda kv: kv[0])))
-    if isinstance(v, list):
-        return tuple(_dec(x) for x in v)
-    return v
-
-
 def encode_meta_command(cmd: Any) -> list[Any]:
     name = type(cmd).__name__
     if name not in _META_COMMANDS:
         raise TypeError(f"not a metadata command: {cmd!r}")
-    return [name, [_enc(getattr(cmd, f.name)) for f in fields(cmd)]]
+    return [name, [encode_value(getattr(cmd, f.name)) for f in fields(cmd)]]
 
 
 def decode_meta_command(raw: list[Any]) -> Any:
     name, values = raw
     cls = _META_COMMANDS[name]
     names = [f.name for f in fields(cls)]
-    return cls(**{n: _dec(v) for n, v in zip(names, values, strict=True)})
+    return cls(**{n: decode_value(v) for n, v in zip(names, values, strict=True)})
