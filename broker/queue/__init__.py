@@ -26,7 +26,7 @@ Public API (names others integrate against):
   RejectPublish, ResumePublish, SetTimer, DeleteQueue, ReleaseCursor,
   ActiveConsumerChanged, ConsumerCancelled — what the runtime must do with
   each is documented in `broker.queue.effects`.
-- Replies: EnqueueResult (ACCEPTED/DUPLICATE/REJECTED), OK, Dequeued,
+- Replies: EnqueueResult (ACCEPTED/DUPLICATE/REJECTED), OutOfOrder, OK, Dequeued,
   DequeueEmpty, DequeueRefused, CheckoutOk, CreditReply, Purged, NotFound.
 - ``x_death_headers(...)``: the headers of a dead-lettered copy.
 - Errors: QueueError, QueueArgumentError, QueueCommandError,
@@ -82,6 +82,7 @@ from .effects import (
     DequeueRefused,
     Effect,
     EnqueueResult,
+    OutOfOrder,
     NotFound,
     Ok,
     Purged,
@@ -109,7 +110,7 @@ __all__ = [
     "Command", "ConsumerCancelled", "ConsumerDown", "ConsumerId", "Credit", "CreditMode",
     "CreditReply", "DeadLetter", "DeadLetterDeliver", "DeadLetterReason", "DeleteQueue",
     "Deliver", "Delivery", "Dequeue", "DequeueEmpty", "DequeueRefused", "Dequeued", "Discard",
-    "DlxCheckout", "DlxSettle", "Effect", "Enqueue", "EnqueueResult", "Meta", "Modify", "MsgId",
+    "DlxCheckout", "DlxSettle", "Effect", "Enqueue", "EnqueueResult", "OutOfOrder", "Meta", "Modify", "MsgId",
     "NotFound", "Ok", "Purge", "Purged", "QueueArgumentError", "QueueCommandError",
     "QueueConfig", "QueueError", "QueueInvariantError", "QueueState", "RaftIndex",
     "RejectPublish", "ReleaseCursor", "Reply", "ResumePublish", "Return", "SetTimer", "Settle",

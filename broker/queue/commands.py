@@ -151,9 +151,15 @@ class ConsumerDown:
 @dataclass(frozen=True, slots=True)
 class ChannelDown:
     """A channel (or its connection or node) went away: every consumer of it is
-    treated as `ConsumerDown`, and it stops being a tracked publisher."""
+    treated as `ConsumerDown`, and it stops being a tracked publisher.
+
+    `keep_publisher`: the channel is only suspected gone (its node has been
+    unreachable for a while) and may still re-send publishes: its consumers'
+    messages are returned but its de-duplication entry stays, so a re-sent
+    publish is recognised as a duplicate instead of being enqueued twice."""
 
     channel: ChannelRef
+    keep_publisher: bool = False
 
 
 @dataclass(frozen=True, slots=True)

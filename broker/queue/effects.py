@@ -132,11 +132,27 @@ Effect = (
 
 class EnqueueResult(StrEnum):
     """Reply to `Enqueue`. ACCEPTED and DUPLICATE are confirmed (basic.ack) to
-    the publisher once the entry is committed; REJECTED is basic.nack'ed."""
+    the publisher once the entry is committed; REJECTED is basic.nack'ed.
+
+    Invariant that makes a DUPLICATE safe to confirm: a tracked publisher's
+    sequence numbers are accepted strictly one after the other (1, 2, 3, ...),
+    so a number at or below the last accepted one was itself accepted (or
+    rejected) before. A number beyond the next expected one is refused with
+    `OutOfOrder` and changes nothing: the sender re-sends from the gap."""
 
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfOrder:
+    """Reply to an `Enqueue` whose sequence number is beyond the next one this
+    publisher may use (`expected`): an earlier publish has not arrived (it
+    was refused, lost or overtaken). Nothing was enqueued; re-send in order
+    from `expected`."""
+
+    expected: int
 
 
 class Ok(StrEnum):
@@ -197,6 +213,6 @@ class NotFound:
 
 
 Reply = (
-    EnqueueResult | Ok | Dequeued | DequeueEmpty | DequeueRefused | CheckoutOk |
+    EnqueueResult | OutOfOrder | Ok | Dequeued | DequeueEmpty | DequeueRefused | CheckoutOk |
     CreditReply | Purged | NotFound
 )

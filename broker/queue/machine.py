@@ -74,6 +74,7 @@ from .effects import (
     Effect,
     EnqueueResult,
     NotFound,
+    OutOfOrder,
     Purged,
     RejectPublish,
     ReleaseCursor,
@@ -166,7 +167,7 @@ class QueueState:
         "consumers", "service", "service_prios", "sac_active", "sac_waiting", "publishers",
         "blocked", "dlx_pending", "dlx_checked", "dlx_bytes", "dlx_prefetch", "dlx_attached",
         "dlx_next_id", "last_active", "timer_at", "since_cursor", "deleted", "dls",
-        "enqueued_total", "dead_lettered_total", "has_limits",
+        "enqueued_total", "dead_lettered_total", "has_limits", "cursor_due",
     )
 
     def __init__(self, config: QueueConfig, created_ms: int | None = None) -> None:
@@ -205,6 +206,9 @@ class QueueState:
         self.dead_lettered_total = 0
         # derived from config (not serialised): a length limit is configured
         self.has_limits = config.max_length is not None or config.max_length_bytes is not None
+        # scratch (always False between commands): a ReleaseCursor is due once
+        # this command's dead letters are accounted for (see apply)
+        self.cursor_due = False
 
     # ------------------------------------------------------------ queries
 
@@ -615,6 +619,16 @@ def _maybe_timer(st: QueueState, now: int, effects: list[Effect]) -> None:
 
 
 def _release_cursor(st: QueueState, meta: Meta, effects: list[Effect]) -> None:
+    """Ask for a ReleaseCursor at the end of this command (apply emits it).
+
+    Invariant: the smallest live index is computed only after the command's
+    dead letters were moved to the at-least-once pending list, so a snapshot
+    taken at the cursor never releases their bodies."""
+    st.cursor_due = True
+
+
+def _emit_release_cursor(st: QueueState, meta: Meta, effects: list[Effect]) -> None:
+    st.cursor_due = False
     st.since_cursor = 0
     sli = st.smallest_live_index()
     effects.append(ReleaseCursor(meta.index, meta.index + 1 if sli is None else sli))
@@ -627,13 +641,19 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
     effects: list[Effect] = []
     pub = cmd.publisher
     if pub is not None:
+        # Invariant: a tracked publisher's numbers are taken one after the
+        # other, so `seq <= last` was itself accepted (or rejected) before and
+        # confirming it again is safe; a gap is refused, never skipped.
         publishers = st.publishers
-        last = publishers.get(pub)
-        if last is not None and cmd.seq <= last:
+        last = publishers.get(pub, 0)
+        seq = cmd.seq
+        if seq <= last:
             return EnqueueResult.DUPLICATE, effects
-        publishers[pub] = cmd.seq
+        if seq != last + 1:
+            return OutOfOrder(last + 1), effects
+        publishers[pub] = seq
         if st.blocked:
-            if last is None:
+            if last == 0:
                 effects.append(RejectPublish(pub))
             return EnqueueResult.REJECTED, effects
     elif st.blocked:
@@ -884,7 +904,8 @@ def _consumer_down(meta: Meta, cmd: ConsumerDown, st: QueueState) -> tuple[Reply
 
 def _channel_down(meta: Meta, cmd: ChannelDown, st: QueueState) -> tuple[Reply, list[Effect]]:
     effects: list[Effect] = []
-    st.publishers.pop(cmd.channel, None)
+    if not cmd.keep_publisher:
+        st.publishers.pop(cmd.channel, None)
     for c in [c for c in st.consumers.values() if c.cid.channel == cmd.channel]:
         _consumer_gone(st, c, meta.timestamp_ms, effects)
     _checkout(st, meta.timestamp_ms, effects)
@@ -1000,8 +1021,8 @@ def apply(meta: Meta, command: Command, state: QueueState
     if st.ttl_seen:
         _maybe_timer(st, meta.timestamp_ms, effects)
     n = st.since_cursor + 1
-    if n >= RELEASE_CURSOR_INTERVAL:
-        _release_cursor(st, meta, effects)
+    if st.cursor_due or n >= RELEASE_CURSOR_INTERVAL:
+        _emit_release_cursor(st, meta, effects)
     else:
         st.since_cursor = n
     return st, reply, effects

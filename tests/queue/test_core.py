@@ -24,6 +24,7 @@ from broker.queue import (
     EnqueueResult,
     Modify,
     NotFound,
+    OutOfOrder,
     Purge,
     Purged,
     QueueCommandError,
@@ -54,13 +55,39 @@ def test_enqueue_reply_is_accepted_and_resend_with_old_seq_is_duplicate() -> Non
     assert h.run(Enqueue(pub, 2, 5))[0] is EnqueueResult.ACCEPTED
     assert h.run(Enqueue(pub, 2, 5))[0] is EnqueueResult.DUPLICATE
     assert h.run(Enqueue(pub, 1, 5))[0] is EnqueueResult.DUPLICATE
-    # gaps are normal (a channel's sequence numbers span all queues)
-    assert h.run(Enqueue(pub, 7, 5))[0] is EnqueueResult.ACCEPTED
+    assert h.run(Enqueue(pub, 3, 5))[0] is EnqueueResult.ACCEPTED
     assert h.state.messages_ready() == 3
     # untracked publishers are never de-duplicated
     assert h.run(Enqueue(None, 1, 5))[0] is EnqueueResult.ACCEPTED
     assert h.run(Enqueue(None, 1, 5))[0] is EnqueueResult.ACCEPTED
     assert h.state.messages_ready() == 5
+
+
+def test_a_gap_in_a_publishers_sequence_is_refused_not_skipped() -> None:
+    """Issue 10 defect 2: a later publish must never make an earlier one a
+    duplicate. seq 2 arriving before seq 1 is refused (nothing enqueued);
+    seq 1 then 2 re-sent in order are both enqueued exactly once."""
+    h = Harness()
+    pub = ChannelRef("p")
+    assert h.run(Enqueue(pub, 2, 5))[0] == OutOfOrder(1)
+    assert h.state.messages_ready() == 0 and pub not in h.state.publishers
+    assert h.run(Enqueue(pub, 1, 5))[0] is EnqueueResult.ACCEPTED
+    assert h.run(Enqueue(pub, 3, 5))[0] == OutOfOrder(2)
+    assert h.run(Enqueue(pub, 2, 5))[0] is EnqueueResult.ACCEPTED
+    assert h.run(Enqueue(pub, 2, 5))[0] is EnqueueResult.DUPLICATE
+    assert h.state.messages_ready() == 2
+
+
+def test_suspected_channel_down_keeps_the_publishers_dedup_entry() -> None:
+    """Issue 10 defect 10: a publisher whose node was unreachable for a while
+    keeps its de-duplication entry, so its re-sends are not enqueued twice."""
+    h = Harness()
+    pub = ChannelRef("p")
+    h.run(Enqueue(pub, 1, 5))
+    h.run(ChannelDown(pub, keep_publisher=True))
+    assert h.run(Enqueue(pub, 1, 5))[0] is EnqueueResult.DUPLICATE
+    h.run(ChannelDown(pub))
+    assert pub not in h.state.publishers
 
 
 def test_prefetch_limits_unacked_deliveries_and_settle_refills() -> None:

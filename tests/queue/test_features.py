@@ -23,6 +23,7 @@ from broker.queue import (
     Enqueue,
     EnqueueResult,
     RejectPublish,
+    ReleaseCursor,
     ResumePublish,
     Return,
     SetTimer,
@@ -221,8 +222,8 @@ def test_at_least_once_dead_letters_count_against_the_length_limit() -> None:
     h.run(Cancel(cid()))
     h.run(Discard(cid(), (0, 1)))
     assert h.state.messages_ready() == 0 and h.state.messages_dlx() == 2
-    assert h.run(Enqueue(ChannelRef("pub"), 100, 1))[0] is EnqueueResult.ACCEPTED
-    assert h.run(Enqueue(ChannelRef("pub"), 101, 1))[0] is EnqueueResult.REJECTED
+    assert h.run(Enqueue(ChannelRef("pub2"), 1, 1))[0] is EnqueueResult.ACCEPTED
+    assert h.run(Enqueue(ChannelRef("pub2"), 2, 1))[0] is EnqueueResult.REJECTED
 
 
 def test_at_least_once_falls_back_to_at_most_once_with_drop_head() -> None:
@@ -346,3 +347,16 @@ def test_reconsume_with_new_prefetch_updates_the_consumer() -> None:
     h.consume(prefetch=1)
     _, eff = h.run(Checkout(cid(), 3))
     assert len(delivered(eff)) == 2 and h.state.messages_checked_out() == 3
+
+
+def test_release_cursor_counts_messages_dead_lettered_by_the_same_command() -> None:
+    """Issue 10 defect 7: a Tick that expires messages into the at-least-once
+    dead-letter list emits a ReleaseCursor; its smallest live index must
+    include them, or a snapshot there would release their bodies."""
+    h = _alo(message_ttl_ms=10)
+    idx = h.enqueue(3)
+    _, eff = h.run(Tick(), advance_ms=11)
+    assert h.state.messages_dlx() == 3
+    cursors = of_type(eff, ReleaseCursor)
+    assert cursors, eff
+    assert all(c.smallest_live_index == idx[0] for c in cursors)

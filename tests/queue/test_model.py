@@ -49,6 +49,7 @@ from broker.queue import (
     DlxSettle,
     Enqueue,
     EnqueueResult,
+    OutOfOrder,
     Meta,
     Modify,
     Purge,
@@ -259,7 +260,8 @@ class QueueModel(RuleBasedStateMachine):
                 expiration: int | None) -> None:
         last = self.last_seq.get(pub, 0) if pub is not None else 0
         seq = max(0, last + seq_delta)
-        dup = pub is not None and pub in self.last_seq and seq <= last
+        dup = pub is not None and seq <= last
+        gap = pub is not None and seq > last + 1
         before_count = self.state.messages_ready() + self.state.messages_dlx()
         ttl = self.cfg.message_ttl_ms
         exps = [x for x in (ttl, expiration) if x is not None]
@@ -268,6 +270,8 @@ class QueueModel(RuleBasedStateMachine):
         reply, _ = self._apply(Enqueue(pub, seq, size, prio, expiration), Step(), new=msg)
         if dup:
             assert reply is EnqueueResult.DUPLICATE
+        elif gap:
+            assert reply == OutOfOrder(last + 1)
         else:
             if pub is not None:
                 self.last_seq[pub] = seq
