@@ -113,6 +113,20 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cluster.initial_members", _list, (),
             "node names forming the cluster at creation (default: all of cluster.seeds); "
             "a node outside it joins a running cluster", True),
+    Setting("cluster.discovery", _choice("static", "statefulset"), "static",
+            "static: cluster.seeds as given; statefulset: node.name, cluster.seeds and "
+            "cluster.initial_members from the pod's StatefulSet ordinal (broker/common/discovery.py)"),
+    Setting("cluster.statefulset.service", _str, "", "the StatefulSet's headless service"),
+    Setting("cluster.statefulset.namespace", _str, "", "its namespace (default: env POD_NAMESPACE)"),
+    Setting("cluster.statefulset.domain", _str, "cluster.local", "the cluster's DNS domain"),
+    Setting("cluster.statefulset.initial_replicas", _int(1), 3,
+            "ordinals 0..N-1 form the cluster on first start; higher ordinals join it"),
+    Setting("cluster.statefulset.pod_name", _str, "",
+            "this pod's name NAME-ORDINAL (default: env POD_NAME, then HOSTNAME)"),
+    Setting("cluster.statefulset.node_name_prefix", _str, "rabbit", "node names are PREFIX@HOST"),
+    Setting("cluster.statefulset.host_template", _str, "",
+            "host of a pod (default {pod}.{service}.{namespace}.svc.{domain}; also "
+            "{statefulset}, {ordinal})"),
     Setting("cluster.formation_timeout_ms", _int(1000), 120000, "how long start-up waits for a quorum"),
     Setting("cluster.secret_file", _str, "", "file holding the shared cluster secret"),
     Setting("cluster.tls.certfile", _str, "", "peer TLS certificate (optional)"),
@@ -238,4 +252,8 @@ def load_config(conf_text: str = "", environ: Mapping[str, str] | None = None,
     values = {s.key: s.default for s in SETTINGS}
     for key, text in raw.items():
         values[key] = _BY_KEY[key].parse(key, text)
+    if values["cluster.discovery"] != "static":
+        from .discovery import resolve
+
+        values = resolve(values, environ or {}, frozenset(raw))
     return Config(values)
