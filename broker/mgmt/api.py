@@ -29,6 +29,8 @@ import logging
 import os
 import re
 import shutil
+import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +38,7 @@ from aiohttp import web
 
 from broker import metadata as md
 from broker import queue as qm
+from broker.storage.manifest import node_manifest
 
 from . import views as v
 from .openapi import openapi_document
@@ -327,6 +330,66 @@ async def get_node(request: web.Request) -> web.Response:
     node = ctx(request).node
     name = known_node(node, request.match_info["node"])
     return web.json_response(v.node_view(node, name))
+
+
+def _live_accounting(node: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Per group id of a local quorum-queue member: the queue and its machine's
+    live-message accounting (read on the event loop, where the state changes)."""
+    out = {}
+    for q in list(node.queues.values()):
+        fn = getattr(q, "storage_accounting", None)
+        if fn is not None and getattr(q, "glog", None) is not None:
+            acc = fn()
+            out[acc["group_id"]] = (q, acc)
+    return out
+
+
+def _storage_manifest(data_dir: str, accounting: dict[str, tuple[Any, dict[str, Any]]]
+                      ) -> dict[str, Any]:
+    """The node's storage files (stats and headers: run on a worker thread)
+    and, per group and segment, how many entries hold live messages."""
+    doc = node_manifest(data_dir)
+    for g in doc["groups"]:
+        q, acc = accounting.get(g["group_id"], (None, None))
+        g["vhost"] = q.vhost if q is not None else None
+        g["queue"] = q.name if q is not None else None
+        if acc is None:
+            g.update(live_messages=None, smallest_live_index=None,
+                     oldest_live_timestamp_ms=None, oldest_live_holder=None)
+            for s in g["segments"]:
+                s["live_entries"] = None
+            continue
+        live = acc["live_indexes"]
+        g.update(live_messages=len(live), smallest_live_index=live[0] if live else None,
+                 oldest_live_timestamp_ms=acc["oldest_live_timestamp_ms"],
+                 oldest_live_holder=acc["oldest_live_holder"])
+        for s in g["segments"]:
+            s["live_entries"] = 0 if s["log_first"] is None else (
+                bisect_right(live, s["log_last"]) - bisect_left(live, s["log_first"]))
+    return doc
+
+
+async def node_storage(request: web.Request) -> web.Response:
+    """`GET /api/nodes/{node}/storage`: the storage manifest (for the Spark audit)."""
+    c = ctx(request)
+    if not c.sees_all():
+        raise ApiError(403, f"user '{c.name}' is neither administrator nor monitoring")
+    node = c.node
+    name = known_node(node, request.match_info["node"])
+    if name != node.node_name:
+        raise ApiError(501, f"node '{name}' serves its own storage manifest: ask its "
+                            "management API")
+    state = node.meta.state
+    cluster_groups = [
+        {"group_id": node._group_id(r), "vhost": r.vhost, "queue": r.name,
+         "members": sorted(r.members), "leader": v.queue_leader(node, r)}
+        for r in state.queues.values() if r.type == "quorum"]
+    accounting = _live_accounting(node)
+    doc = await asyncio.get_running_loop().run_in_executor(
+        None, _storage_manifest, node.storage.data_dir, accounting)
+    doc.update(node=node.node_name, generated_at_ms=int(time.time() * 1000),
+               cluster_groups=cluster_groups)
+    return web.json_response(doc)
 
 
 # ---------------------------------------------------------------- vhosts, users, permissions
@@ -901,6 +964,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/nodes", list_nodes),
     ("GET", "/api/nodes/{node}", get_node),
     ("POST", "/api/nodes/{node}/drain", drain),
+    ("GET", "/api/nodes/{node}/storage", node_storage),
     ("GET", "/api/vhosts", list_vhosts),
     ("GET", "/api/vhosts/{vhost}", get_vhost),
     ("PUT", "/api/vhosts/{vhost}", put_vhost),

@@ -44,6 +44,53 @@ SCHEMAS: dict[str, Any] = {
                             "partitions": {"type": "array", "items": _STR},
                             "being_drained": _BOOL, "metadata_leader": _BOOL,
                             "quorum_queue_members": _INT, "quorum_queue_leaders": _INT}},
+    "StorageManifest": {
+        "type": "object",
+        "required": ["node", "data_dir", "generated_at_ms", "wal", "groups", "deleting",
+                     "cluster_groups", "total_bytes", "free_bytes"],
+        "properties": {
+            "node": _STR, "data_dir": _STR, "generated_at_ms": _INT,
+            "total_bytes": {"type": "integer", "nullable": True},
+            "free_bytes": {"type": "integer", "nullable": True},
+            "wal": {"type": "array", "items": {
+                "type": "object", "required": ["file", "seq", "bytes"],
+                "properties": {"file": _STR, "seq": _INT, "bytes": _INT}}},
+            "deleting": {"type": "array", "items": {
+                "type": "object", "required": ["dir", "bytes"],
+                "properties": {"dir": _STR, "bytes": _INT}}},
+            "cluster_groups": {"type": "array", "items": {
+                "type": "object", "required": ["group_id", "vhost", "queue", "members"],
+                "properties": {"group_id": _STR, "vhost": _STR, "queue": _STR,
+                               "members": {"type": "array", "items": _STR},
+                               "leader": {"type": "string", "nullable": True}}}},
+            "groups": {"type": "array", "items": {
+                "type": "object",
+                "required": ["group_id", "dir", "segments", "snapshot_index",
+                             "smallest_live_index", "live_messages"],
+                "properties": {
+                    "group_id": _STR, "dir": _STR,
+                    "vhost": {"type": "string", "nullable": True},
+                    "queue": {"type": "string", "nullable": True},
+                    "corrupt": {"type": "string", "nullable": True},
+                    "snapshot_index": {"type": "integer", "nullable": True},
+                    "snapshot_term": {"type": "integer", "nullable": True},
+                    "snapshot_bytes": _INT,
+                    "live_messages": {"type": "integer", "nullable": True},
+                    "smallest_live_index": {"type": "integer", "nullable": True},
+                    "oldest_live_timestamp_ms": {"type": "integer", "nullable": True},
+                    "oldest_live_holder": {"type": "string", "nullable": True},
+                    "unreadable_segments": {"type": "array", "items": _ANY_OBJ},
+                    "segments": {"type": "array", "items": {
+                        "type": "object",
+                        "required": ["file", "seq", "first_index", "last_index", "entries",
+                                     "bytes", "live_entries"],
+                        "properties": {
+                            "file": _STR, "seq": _INT, "first_index": _INT, "last_index": _INT,
+                            "entries": _INT, "max_entries": _INT, "reset": _BOOL,
+                            "bytes": _INT, "data_bytes": _INT,
+                            "log_first": {"type": "integer", "nullable": True},
+                            "log_last": {"type": "integer", "nullable": True},
+                            "live_entries": {"type": "integer", "nullable": True}}}}}}}}},
     "Vhost": {"type": "object", "required": ["name"],
               "properties": {"name": _STR, "description": _STR,
                              "tags": {"type": "array", "items": _STR},
@@ -194,6 +241,10 @@ PATHS: dict[str, Any] = {
     "/api/overview": {"get": _op("cluster overview", {"200": _json(_ref("Overview"), "overview")})},
     "/api/nodes": {"get": _op("cluster nodes", {"200": _json(_list_of("Node"), "list")})},
     "/api/nodes/{node}": {"get": _op("one node", {"200": _json(_ref("Node"), "node")}, ("node",))},
+    "/api/nodes/{node}/storage": {"get": _op(
+        "storage manifest of this node: WAL and segment files, index ranges, live entries "
+        "(for the Spark audit; each node serves its own, another node's name is a 501)",
+        {"200": _json(_ref("StorageManifest"), "manifest")}, ("node",))},
     "/api/nodes/{node}/drain": {"post": _long(
         "move every quorum-queue member and leadership off a node", "Empty", ("node",))},
     "/api/vhosts": {"get": _op("vhosts", {"200": _json(_list_of("Vhost"), "list")})},

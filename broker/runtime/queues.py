@@ -546,6 +546,34 @@ class QuorumQueue(QueueProcess):
         self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
 
 
+    def storage_accounting(self) -> dict[str, Any]:
+        """Read-only, for the management API's storage manifest: the raft
+        indexes of every live message (sorted), and for the oldest one its
+        enqueue time (leader's clock, from its log entry) and what holds it."""
+        st_ = self.state
+        live = live_indexes(st_)
+        out: dict[str, Any] = {"group_id": self.glog.group_id, "live_indexes": live,
+                               "oldest_live_timestamp_ms": None, "oldest_live_holder": None}
+        if not live:
+            return out
+        oldest = live[0]
+        holder = "ready"
+        for cid, c in st_.consumers.items():
+            if any(rec_index(r) == oldest for r in c.checked.values()):
+                holder = f"consumer '{cid.tag}' on channel {cid.channel} (unacknowledged)"
+        if any(rec_index(r) == oldest for r in st_.returns):
+            holder = "returned, awaiting redelivery"
+        if any(rec_index(rec[0]) == oldest for rec in [*st_.dlx_pending, *st_.dlx_checked.values()]):
+            holder = "dead-lettered (at-least-once), awaiting the target's confirm"
+        out["oldest_live_holder"] = holder
+        if oldest not in self._snap_bodies:
+            try:
+                out["oldest_live_timestamp_ms"] = wire.unpack(
+                    self.glog.entries(oldest, oldest + 1)[0].data)[0]
+            except (st.StorageError, LookupError, ValueError, TypeError):
+                pass
+        return out
+
 def live_indexes(state: Any) -> list[int]:
     """Raft indexes of every live message of a queue state (ready, returned,
     checked out, dead-lettered awaiting confirmation)."""
