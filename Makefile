@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 SEEDS  ?= 2000
 
-.PHONY: run test test-fast test-slow sim-seeds lint bench clean venv
+.PHONY: run test test-fast test-slow sim-seeds lint bench clean venv chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,17 @@ test-slow: $(STAMP)
 # More Raft simulation seeds than CI runs (CI runs the default 500+).
 sim-seeds: $(STAMP)
 	RAFT_SIM_SEEDS=$(SEEDS) $(PY) -m pytest -q tests/raft/test_simulation.py
+
+# Long fault-injection schedules (root: network namespaces); docs/RELIABILITY.md.
+CHAOS_RUNS     ?= 20
+CHAOS_DURATION ?= 120
+CHAOS_NEMESIS  ?= all
+CHAOS_SEED     ?= 1
+CHAOS_OUT      ?= chaos-results
+chaos: $(STAMP)
+	nice $(PY) -m tests.chaos.run --nodes 3 --seed $(CHAOS_SEED) --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) --nemesis $(CHAOS_NEMESIS) --out $(CHAOS_OUT)/n3; s3=$$?; \
+	nice $(PY) -m tests.chaos.run --nodes 5 --seed $(CHAOS_SEED) --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) --nemesis $(CHAOS_NEMESIS) --out $(CHAOS_OUT)/n5; s5=$$?; \
+	test $$s3 -eq 0 -a $$s5 -eq 0
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker tests bench
