@@ -218,7 +218,156 @@ def cmd_rebalance(c: Client, o: Output, a: argparse.Namespace) -> int:
 
 
 def cmd_drain(c: Client, o: Output, a: argparse.Namespace) -> int:
-    return _long(c, o, f"/api/nodes/{q(a.node)}/drain", {}, "drain")
+    if a.if_leaving:
+        return drain_if_leaving(c, o, a)
+    node = a.node or this_node(c)
+    return _long(c, o, f"/api/nodes/{q(node)}/drain", {}, "drain")
+
+
+def this_node(c: Client) -> str:
+    """The name of the node whose management API is at --url."""
+    return str(c.call("GET", "/api/overview")["node"])
+
+
+# ---------------------------------------------------------------- preStop: drain --if-leaving
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def desired_replicas(a: argparse.Namespace, environ: dict[str, str], log: Callable[[str], None],
+                     statefulset: str) -> int | None:
+    """The StatefulSet's desired replicas: --desired-replicas, else
+    QQ_DESIRED_REPLICAS, else read from the Kubernetes API with the pod's
+    service-account token (the downward API cannot give spec.replicas).
+    None when unknown (the caller then treats the pod as restarting)."""
+    if a.desired_replicas is not None:
+        return int(a.desired_replicas)
+    if environ.get("QQ_DESIRED_REPLICAS", "").strip().isdigit():
+        return int(environ["QQ_DESIRED_REPLICAS"])
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if not host:
+        log("desired replicas unknown (no --desired-replicas, no Kubernetes API in this environment)")
+        return None
+    import ssl
+
+    try:
+        token = open(f"{SA_DIR}/token").read().strip()
+        namespace = a.namespace or environ.get("POD_NAMESPACE") or open(f"{SA_DIR}/namespace").read().strip()
+        ctx = ssl.create_default_context(cafile=f"{SA_DIR}/ca.crt")
+        host = f"[{host}]" if ":" in host else host
+        req = urllib.request.Request(
+            f"https://{host}:{port}/apis/apps/v1/namespaces/{q(namespace)}/statefulsets/{q(statefulset)}",
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+            return int(json.loads(resp.read())["spec"]["replicas"])
+    except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+        log(f"desired replicas unknown: cannot read StatefulSet {statefulset}: {exc}")
+        return None
+
+
+def drain_if_leaving(c: Client, o: Output, a: argparse.Namespace,
+                     environ: dict[str, str] | None = None) -> int:
+    """A pod's preStop. LEAVING (its ordinal is at or above the StatefulSet's
+    desired replicas: a scale-down): move its members and leaderships to the
+    remaining nodes, then leave the cluster (metadata group included).
+    RESTARTING (any other stop): hand its leaderships away, then wait until
+    stopping it leaves every quorum queue with a quorum. Bounded by --wait:
+    it logs why it waits and gives up in time, so the pod never hangs in
+    Terminating."""
+    from broker.common.discovery import DiscoveryError, parse_pod_name
+
+    env = dict(os.environ if environ is None else environ)
+    deadline = time.monotonic() + a.wait
+
+    def log(text: str) -> None:
+        o.err.write(f"qqctl drain --if-leaving: {text}\n")
+        o.err.flush()
+
+    def left() -> float:
+        return max(1.0, deadline - time.monotonic())
+
+    pod = a.pod or env.get("POD_NAME") or env.get("HOSTNAME") or ""
+    try:
+        ident = parse_pod_name(pod)
+    except DiscoveryError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    me = this_node(c)
+    desired = desired_replicas(a, env, log, a.statefulset or ident.statefulset)
+    leaving = desired is not None and ident.ordinal >= desired
+    if leaving:
+        log(f"{me} (pod {pod}, ordinal {ident.ordinal}) is LEAVING: the StatefulSet wants "
+            f"{desired} replicas")
+        return _leave(c, o, a, me, deadline, log, left)
+    log(f"{me} (pod {pod}, ordinal {ident.ordinal}) is RESTARTING"
+        + (f" (desired replicas {desired})" if desired is not None else ""))
+    c.timeout = left()
+    try:
+        _long(c, o, f"/api/nodes/{q(me)}/hand-off-leaders", {}, "hand-off-leaders")
+    except CliError as exc:
+        log(f"handing leaderships away: {exc}")
+    return _await_not_critical(c, o, me, deadline, log, a.interval)
+
+
+def _await_not_critical(c: Client, o: Output, me: str, deadline: float,
+                        log: Callable[[str], None], interval: float) -> int:
+    last: list[Any] = []
+    last_log = 0.0
+    while True:
+        c.timeout = max(1.0, min(10.0, deadline - time.monotonic()))
+        try:
+            status, body = c.status(_critical_path(me))
+        except CliError as exc:
+            status, body = 503, {"reason": str(exc)}
+        if status == 200:
+            log("ok: every quorum queue keeps a quorum without this node")
+            return EXIT_OK
+        queues = [f"{x.get('vhost')}/{x.get('name')}" for x in _critical_queues(body)]
+        if time.monotonic() > deadline:
+            log(f"giving up waiting, stopping anyway; still quorum-critical: {', '.join(queues)}")
+            return EXIT_TIMEOUT
+        if queues != last or time.monotonic() - last_log > 10:
+            log(f"waiting: stopping now would leave {len(queues)} quorum queue(s) without a "
+                f"quorum ({', '.join(queues[:10]) or body}); "
+                f"{deadline - time.monotonic():.0f}s left")
+            last, last_log = queues, time.monotonic()
+        time.sleep(interval)
+
+
+def _leave(c: Client, o: Output, a: argparse.Namespace, me: str, deadline: float,
+           log: Callable[[str], None], left: Callable[[], float]) -> int:
+    c.timeout = left()
+    try:
+        _long(c, o, f"/api/nodes/{q(me)}/drain", {}, "drain")
+    except CliError as exc:
+        log(f"draining: {exc}")
+    parts = urllib.parse.urlsplit(c.url)
+    while True:
+        c.timeout = max(1.0, min(10.0, deadline - time.monotonic()))
+        try:
+            nodes = c.call("GET", "/api/nodes")
+            leader = next((n["name"] for n in nodes if n.get("metadata_leader")), None)
+            if leader == me:
+                log("handing the metadata leadership away")
+                c.call("POST", f"/api/nodes/{q(me)}/hand-off-leaders", {})
+                continue
+            if leader is None:
+                raise CliError("no metadata leader yet", EXIT_UNAVAILABLE)
+            if not any(n["name"] == me for n in nodes):
+                log(f"{me} has left the cluster")
+                return EXIT_OK
+            # Only the metadata leader removes a node: ask it at its own
+            # management API (same scheme and port, its host).
+            port = f":{parts.port}" if parts.port else ""
+            other = Client(f"{parts.scheme}://{leader.rpartition('@')[2]}{port}", "", "", c.timeout)
+            other.auth = c.auth
+            other.call("DELETE", f"/api/nodes/{q(me)}")
+            log(f"{me} has left the cluster (removed by the metadata leader {leader})")
+            return EXIT_OK
+        except CliError as exc:
+            if time.monotonic() > deadline:
+                log(f"giving up leaving the cluster, stopping anyway: {exc}")
+                return EXIT_TIMEOUT
+            log(f"not left yet: {exc}")
+        time.sleep(a.interval)
 
 
 def _policy_path(a: argparse.Namespace) -> str:
@@ -361,8 +510,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("rebalance", cmd_rebalance, "spread quorum-queue leaders evenly over the nodes")
     sp.add_argument("type", nargs="?", default="quorum", choices=("quorum", "all"))
     patterns(sp)
-    sp = add("drain", cmd_drain, "move every quorum-queue member and leader off NODE")
-    sp.add_argument("node")
+    sp = add("drain", cmd_drain, "move every quorum-queue member and leader off NODE; with "
+             "--if-leaving, a Kubernetes preStop (see drain_if_leaving)")
+    sp.add_argument("node", nargs="?", default=None, help="default: the node at --url")
+    sp.add_argument("--if-leaving", action="store_true",
+                    help="preStop: leave the cluster if this pod's ordinal >= the StatefulSet's "
+                         "desired replicas, else hand leaderships away and wait for quorum")
+    sp.add_argument("--desired-replicas", type=int, default=None,
+                    help="the StatefulSet's desired replicas (default: env QQ_DESIRED_REPLICAS, "
+                         "then the Kubernetes API with the pod's service account)")
+    sp.add_argument("--statefulset", default=None, help="default: from the pod name")
+    sp.add_argument("--namespace", default=None, help="default: env POD_NAMESPACE")
+    sp.add_argument("--pod", default=None, help="this pod (default: env POD_NAME, HOSTNAME)")
+    sp.add_argument("--wait", type=float, default=120.0,
+                    help="give up after this many seconds (default 120)")
+    sp.add_argument("--interval", type=float, default=0.5)
     sp = add("set_policy", cmd_set_policy, "set a policy (applied live to matching queues)")
     sp.add_argument("name")
     sp.add_argument("pattern")

@@ -253,6 +253,7 @@ QUERY_PARAMS: dict[str, frozenset[str]] = {
     "delete_member": frozenset({"force"}),
     "grow": frozenset({"progress"}), "shrink": frozenset({"progress"}),
     "rebalance": frozenset({"progress"}), "drain": frozenset({"progress"}),
+    "hand_off_leaders": frozenset({"progress"}),
     "health_quorum_critical": frozenset({"node"}),
 }
 
@@ -821,6 +822,8 @@ async def readiness(request: web.Request) -> web.Response:
     problems = []
     if node.meta.group.leader is None:
         problems.append("the metadata store has no leader")
+    elif node.cluster is not None and node.node_name not in node.meta.group.node.config.voters:
+        problems.append("this node is not (yet) a voting member of the cluster")
     if not node.port:
         problems.append("the AMQP listener is not up")
     if problems:
@@ -953,6 +956,28 @@ async def drain(request: web.Request) -> web.StreamResponse:
     return await _long_operation(request, lambda progress: m.drain(target, progress=progress))
 
 
+async def hand_off_leaders(request: web.Request) -> web.StreamResponse:
+    """Move the node's quorum-queue leaderships (and, on that node itself, its
+    metadata leadership) to other online members: a pod about to restart."""
+    c = ctx(request)
+    c.need_admin()
+    target = known_node(c.node, request.match_info["node"])
+    await json_body(request, {})
+    m = membership(c.node)
+    return await _long_operation(request, lambda progress: m.hand_off_leaders(target, progress=progress))
+
+
+async def forget_node(request: web.Request) -> web.Response:
+    """`DELETE /api/nodes/{node}`: a drained node leaves the cluster for good
+    (removed from the metadata group). Only the metadata leader does it; others
+    answer 503 naming the leader."""
+    c = ctx(request)
+    c.need_admin()
+    target = known_node(c.node, request.match_info["node"])
+    await call_membership(membership(c.node).forget_node(target))
+    return web.Response(status=204)
+
+
 # ---------------------------------------------------------------- the application
 def _public(handler: Handler) -> Handler:
     handler.public = True  # type: ignore[attr-defined]
@@ -963,7 +988,9 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/overview", overview),
     ("GET", "/api/nodes", list_nodes),
     ("GET", "/api/nodes/{node}", get_node),
+    ("DELETE", "/api/nodes/{node}", forget_node),
     ("POST", "/api/nodes/{node}/drain", drain),
+    ("POST", "/api/nodes/{node}/hand-off-leaders", hand_off_leaders),
     ("GET", "/api/nodes/{node}/storage", node_storage),
     ("GET", "/api/vhosts", list_vhosts),
     ("GET", "/api/vhosts/{vhost}", get_vhost),

@@ -240,7 +240,13 @@ for _kind, _doc in (("policies", "policy"), ("operator-policies", "operator poli
 PATHS: dict[str, Any] = {
     "/api/overview": {"get": _op("cluster overview", {"200": _json(_ref("Overview"), "overview")})},
     "/api/nodes": {"get": _op("cluster nodes", {"200": _json(_list_of("Node"), "list")})},
-    "/api/nodes/{node}": {"get": _op("one node", {"200": _json(_ref("Node"), "node")}, ("node",))},
+    "/api/nodes/{node}": {
+        "get": _op("one node", {"200": _json(_ref("Node"), "node")}, ("node",)),
+        "delete": _op("remove a drained node from the cluster (metadata leader only; others "
+                      "answer 503 naming the leader)", {"204": _NO_CONTENT, "503": _ERR}, ("node",))},
+    "/api/nodes/{node}/hand-off-leaders": {"post": _long(
+        "move a node's quorum-queue leaderships (and its own metadata leadership) to other "
+        "online members", "Empty", ("node",))},
     "/api/nodes/{node}/storage": {"get": _op(
         "storage manifest of this node: WAL and segment files, index ranges, live entries "
         "(for the Spark audit; each node serves its own, another node's name is a 501)",

@@ -241,6 +241,88 @@ class Membership:
         todo = [r for r in self._matching(".*", ".*") if node_name in r.members]
         return await self._each(todo, move, progress)
 
+    # ------------------------------------------------------------ a node stopping (Kubernetes preStop)
+    async def hand_off_leaders(self, node_name: str, progress: Progress = None) -> list[dict[str, Any]]:
+        """Move every quorum-queue leadership `node_name` holds to another online
+        member (the one leading fewest first); when `node_name` is this node,
+        hand its metadata leadership away too."""
+        others = [n for n in self._cluster_nodes() if n != node_name and self._online(n)]
+        records = self._matching(".*", ".*")
+        counts = {n: 0 for n in others}
+        for r in records:
+            lead = self.node.queue_leader(r.vhost, r.name)
+            if lead in counts:
+                counts[lead] += 1
+
+        async def move(r: md.QueueRecord) -> None:
+            if self.node.queue_leader(r.vhost, r.name) != node_name:
+                return
+            candidates = sorted((m for m in r.members if m in counts), key=lambda m: (counts[m], m))
+            if not candidates:
+                raise MembershipError(409, f"queue '{r.name}' in vhost '{r.vhost}' has no other "
+                                           "online member to lead it")
+            await self.transfer_leader(r.vhost, r.name, candidates[0])
+            counts[candidates[0]] += 1
+        results = await self._each([r for r in records if node_name in r.members], move, progress)
+        if node_name == self.node.node_name:
+            await self.hand_off_metadata()
+        return results
+
+    async def hand_off_metadata(self, timeout: float = 10.0) -> str | None:
+        """If this node leads the metadata group, transfer that to another online
+        voter; returns the metadata leader afterwards."""
+        g = self.node.meta.group
+        if not g.is_leader:
+            return g.leader
+        voters = sorted(str(v) for v in g.node.config.voters
+                        if v != self.node.node_name and self._online(str(v)))
+        if not voters:
+            return g.leader
+        from broker.raft import RaftError
+
+        deadline = time.monotonic() + timeout
+        why = ""
+        while g.is_leader or g.leader is None:
+            if g.is_leader and g.node.transferee is None:
+                try:  # refused while the target catches up: retried
+                    g.node.transfer_leadership(voters[0])
+                    g._kick()
+                except RaftError as exc:
+                    why = f": {exc}"
+            if time.monotonic() > deadline:
+                raise MembershipError(504, f"metadata leadership did not move to '{voters[0]}'{why}")
+            await asyncio.sleep(0.05)
+        return g.leader
+
+    async def forget_node(self, node_name: str) -> None:
+        """Remove a node that left for good from the metadata group (and its
+        recorded address): `rabbitmqctl forget_cluster_node`. Runs on the
+        metadata leader only; the node must hold no queue member any more."""
+        from broker.raft import ConfChange, ConfChangeKind, NodeId
+
+        from .metastore import CLUSTER_NODES
+
+        g = self.node.meta.group
+        if node_name == self.node.node_name:
+            raise MembershipError(409, "a node cannot remove itself from the cluster: hand its "
+                                       "metadata leadership away and ask the new leader")
+        if not g.is_leader:
+            raise MembershipError(503, f"not the metadata leader; ask '{g.leader or 'unknown'}'")
+        held = sorted(f"'{r.name}' in vhost '{r.vhost}'" for r in self.node.meta.state.queues.values()
+                      if node_name in r.members)
+        if held:
+            raise MembershipError(409, f"node '{node_name}' still holds members of queue(s) "
+                                       f"{', '.join(held[:5])}: drain it first")
+        if node_name in g.node.config.members:
+            try:
+                await g.propose_conf(ConfChange(ConfChangeKind.REMOVE, NodeId(node_name)))
+            except Exception as exc:  # a change in progress, lost leadership: retry
+                raise MembershipError(503, f"removing '{node_name}' from the metadata group: "
+                                           f"{exc}") from None
+        key = (md.VhostName("/"), CLUSTER_NODES, node_name)
+        if key in self.node.meta.state.parameters:
+            await self.node.meta.execute(md.ClearParameter(md.VhostName("/"), CLUSTER_NODES, node_name))
+
     # ------------------------------------------------------------ status
     async def quorum_status(self, vhost: str, queue: str) -> list[dict[str, Any]]:
         self._record(vhost, queue)

@@ -105,7 +105,7 @@ def main():
     conn.expect(c.Basic.CancelOk)
     conn.send(c.Queue.Delete(queue=queue), 1)
     conn.expect(c.Queue.DeleteOk)
-    conn.send(c.Connection.Close(reply_code=200, reply_text="bye"))
+    conn.send(c.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
     conn.expect(c.Connection.CloseOk)
     print(f"consumed and acknowledged from {queue}: ok", flush=True)
     return 0
