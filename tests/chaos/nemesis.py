@@ -322,6 +322,9 @@ class Nemesis:
             ops += ["delete_member", "shrink", "drain"]
         elif nonmembers:
             ops += ["drain"]
+        if nonmembers and len(members) < 3:
+            # two members survive no fault: restore a third before anything else
+            ops = ["add_member", "grow"]
         op = rng.choice(ops)
         via = rng.choice(alive)
         base = self.c.mgmt_url(via)

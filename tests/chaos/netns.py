@@ -276,16 +276,29 @@ class ChaosCluster:
         return [i for i in range(self.n) if i not in self.down and i not in self.paused]
 
     def heal_all(self, timeout: float = 120.0) -> None:
+        """Remove every cut, resume paused nodes, restart dead ones (all at
+        once: a node alone may wait for a quorum of its peers to start)."""
         self.net.heal()
         for i in list(self.paused):
             self.resume(i)
-        for i in sorted(self.down):
-            self.restart(i, timeout)
         for i, nd in enumerate(self.nodes):
-            if nd.proc is not None and nd.proc.poll() is not None and i not in self.down:
-                # exited on its own (a crash): record and restart it
-                self.down.add(i)
+            if nd.proc is not None and nd.proc.poll() is not None:
+                with self._lock:
+                    self.down.add(i)  # exited on its own (a crash) or was stopped
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
                 self.restart(i, timeout)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        threads = [threading.Thread(target=run, args=(i,)) for i in sorted(self.down)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def teardown(self) -> None:
         for i in list(self.paused):

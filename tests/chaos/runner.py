@@ -61,6 +61,10 @@ class RunConfig:
 
 
 def git_commit() -> str:
+    """The commit the brokers run (QQ_CHAOS_COMMIT when running from an
+    exported tree, e.g. `git archive`)."""
+    if os.environ.get("QQ_CHAOS_COMMIT"):
+        return os.environ["QQ_CHAOS_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True).stdout.strip()
@@ -113,7 +117,7 @@ def _counts(cluster: ChaosCluster, queue: str) -> dict[str, Any] | None:
 
 
 def drain(cluster: ChaosCluster, history: History, queue: str, kind: str,
-          timeout: float, stall_s: float = 40.0) -> dict[str, Any]:
+          timeout: float, stall_s: float = 40.0, process: str = "drain") -> dict[str, Any]:
     """Consume from every node in turn until a whole round gets nothing and
     the queue reports no messages. Gives up at the deadline, or when nothing
     was received for `stall_s` seconds while the queue still reports messages
@@ -144,7 +148,7 @@ def drain(cluster: ChaosCluster, history: History, queue: str, kind: str,
                         v: Any = int(d.body)
                     except ValueError:
                         v = d.body.decode(errors="replace")
-                    history.add(process="drain", type="ok", f="dequeue", value=v, node=i,
+                    history.add(process=process, type="ok", f="dequeue", value=v, node=i,
                                 queue=kind, redelivered=d.redelivered)
                     c.ack(d.tag)
                     got += 1
@@ -162,7 +166,7 @@ def drain(cluster: ChaosCluster, history: History, queue: str, kind: str,
             errors.append(f"stalled: nothing received for {stall_s:.0f}s; counts {counts}")
             break
     complete = counts is not None and counts.get("messages") == 0
-    history.add(process="drain", type="info", f="drain-end", value=queue, counts=counts,
+    history.add(process=process, type="info", f="drain-end", value=queue, counts=counts,
                 complete=complete)
     return {"queue": queue, "rounds": rounds, "received": got_total, "final_counts": counts,
             "complete": complete, "errors": errors[-20:]}
@@ -223,9 +227,21 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
         for w in workers:
             w.join(30.0)
         history.add(process="runner", type="info", f="clients-stopped", value=None)
-        summary["drain"] = [drain(cluster, history, cfg.queue, "main", cfg.drain_timeout)]
-        if cfg.variant != "plain":
-            summary["drain"].append(drain(cluster, history, cfg.dlq, "dlq", cfg.drain_timeout))
+        queues = [(cfg.queue, "main")] + ([(cfg.dlq, "dlq")] if cfg.variant != "plain" else [])
+        summary["drain"] = [drain(cluster, history, qn, kind, cfg.drain_timeout)
+                            for qn, kind in queues]
+        if not all(d["complete"] for d in summary["drain"]):
+            # Messages left checked out to consumers that no longer exist are
+            # stuck, not gone: a full restart returns them (channels carry a
+            # per-start incarnation). Drain again, and report them apart.
+            history.add(process="runner", type="info", f="restart-all-for-stuck", value=None)
+            for nd in cluster.nodes:
+                nd.stop()
+            cluster.heal_all()
+            summary["leader_after_restart_s"] = wait_for_leader(nem, 90.0)
+            summary["drain_after_restart"] = [
+                drain(cluster, history, qn, kind, cfg.drain_timeout, process="drain-after-restart")
+                for qn, kind in queues]
         end_t = history.now()
         history.add(process="runner", type="info", f="drained", value=None)
         ttl_s = cfg.ttl_ms / 1000 if cfg.variant == "ttl-amo" else None
@@ -240,6 +256,15 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
         summary["worker_errors"] = {w.process: dict(w.errors) for w in workers}
         summary["worker_crashes"] = [f"{w.process}: {w.crashed!r}" for w in workers if w.crashed]
         summary["drain_complete"] = all(d["complete"] for d in summary["drain"])
+        # confirmed values that only a full restart brought back: stuck, not lost
+        only_after: dict[Any, bool] = {}
+        for e in history.events:
+            if e.get("f") == "dequeue" and e.get("type") == "ok":
+                late = e.get("process") == "drain-after-restart"
+                only_after[e["value"]] = only_after.get(e["value"], True) and late
+        summary["stuck_until_restart"] = sorted((v for v, late in only_after.items() if late),
+                                                key=str)[:1000]
+        summary["stuck_until_restart_count"] = sum(only_after.values())
     except BaseException as exc:
         summary["valid"] = False
         summary["error"] = repr(exc)
