@@ -7,12 +7,12 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 SEEDS  ?= 2000
 
-.PHONY: run test test-fast test-slow sim-seeds lint bench clean venv chaos
+.PHONY: audit run test test-fast test-slow sim-seeds lint bench clean venv chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[broker,operator,dev]'
+	$(PY) -m pip install --quiet -e '.[broker,operator,dev,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -48,6 +48,14 @@ chaos: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker tests bench
 	$(VENV)/bin/mypy broker/raft
+
+# Storage audit (PySpark, local mode) of the `make run` cluster: its data
+# directory plus each node's management API (docs/AUDIT.md).
+AUDIT_DATA ?= $(or $(QQ_DATA),data)
+AUDIT_OUT  ?= audit-out
+AUDIT_ARGS ?=
+audit: $(STAMP)
+	SPARK_LOCAL_IP=$${SPARK_LOCAL_IP:-127.0.0.1} $(PY) -m spark.audit --data $(AUDIT_DATA) --api http://127.0.0.1:15672,http://127.0.0.1:15673,http://127.0.0.1:15674 --out $(AUDIT_OUT) $(AUDIT_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/raft_core.py
