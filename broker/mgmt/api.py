@@ -813,6 +813,18 @@ async def health_quorum_critical(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def health_raft_groups(request: web.Request) -> web.Response:
+    """503 when a Raft group on this node stopped (a broken invariant or a
+    storage failure) or a queue member could not start: that member serves
+    nothing until the node's data is repaired or the member is replaced."""
+    stopped = ctx(request).node.stopped_members()
+    if stopped:
+        return web.json_response({
+            "status": "failed", "reason": "Raft groups on this node are stopped",
+            "groups": [{"group": g, "reason": r} for g, r in sorted(stopped.items())]}, status=503)
+    return web.json_response({"status": "ok"})
+
+
 async def liveness(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -1032,6 +1044,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", "/api/operator-policies/{vhost}/{name}", delete_policy),
     ("GET", "/api/health/checks/alarms", health_alarms),
     ("GET", "/api/health/checks/node-is-quorum-critical", health_quorum_critical),
+    ("GET", "/api/health/checks/raft-groups", health_raft_groups),
     ("GET", "/api/health/live", _public(liveness)),
     ("GET", "/api/health/ready", _public(readiness)),
     ("GET", "/api/openapi.json", _public(get_openapi)),

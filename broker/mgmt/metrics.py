@@ -211,6 +211,11 @@ class NodeCollector(Collector):
                                  "1 when this node leads the metadata group", labels=[])
         meta.add_metric([], 1 if node.meta.group.is_leader else 0)
         yield meta
+        stopped = GaugeMetricFamily("qq_raft_groups_stopped",
+                                    "Raft groups on this node stopped by a broken invariant or a "
+                                    "storage failure (see /api/health/checks/raft-groups)", labels=[])
+        stopped.add_metric([], len(node.stopped_members()))
+        yield stopped
         mst = node.meta.group.node.status()
         mt = GaugeMetricFamily("qq_metadata_raft_commit_index", "Metadata group commit index",
                                labels=[])

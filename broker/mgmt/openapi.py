@@ -319,6 +319,9 @@ PATHS: dict[str, Any] = {
         {"200": _json(_ref("Status"), "ok"), "503": _json(_ref("Status"), "critical queues")},
         query=[{"name": "node", "in": "query", "required": False, "schema": {"type": "string"},
                 "description": "the node to check (default: this one)"}])},
+    "/api/health/checks/raft-groups": {"get": _op(
+        "503 when a Raft group (queue member or metadata) on this node is stopped",
+        {"200": _json(_ref("Status"), "ok"), "503": _json(_ref("Status"), "stopped groups")})},
     "/api/health/live": {"get": _op("liveness probe", {"200": _json(_ref("Status"), "alive")},
                                     public=True, tag="probes")},
     "/api/health/ready": {"get": _op(

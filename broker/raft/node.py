@@ -223,6 +223,11 @@ class RaftNode:
         self._conf_history: list[tuple[int, Membership]] = [(snap_index, membership)]
         # Indexes of CONFIG entries in the log above the commit index, ascending.
         self._pending_confs: list[int] = []
+        # True while the configuration is the host's bootstrap guess for a log
+        # whose CONFIG entries are all uncommitted: the first one applied then
+        # sets the configuration it carries instead of being checked against
+        # the guess (the guess may already include that change).
+        self._config_unverified = False
         last = self.log.last_index()
         if last > snap_index:
             for e in storage.entries(Index(snap_index + 1), Index(last + 1), None):
@@ -231,6 +236,7 @@ class RaftNode:
                         self._apply_conf_entry(e)
                     else:
                         self._pending_confs.append(e.index)
+        self._config_unverified = bool(self._pending_confs) and len(self._conf_history) == 1
         self.progress: dict[NodeId, Progress] = {}
         self.votes: dict[NodeId, bool] = {}
         self.election_elapsed = 0
@@ -604,6 +610,7 @@ class RaftNode:
     def _restore(self, snap: Snapshot) -> None:
         self.log.restore(snap)
         self.config = snap.meta.config
+        self._config_unverified = False
         self._conf_history = [(snap.meta.index, snap.meta.config)]
         self._pending_confs = []
 
@@ -956,7 +963,7 @@ class RaftNode:
 
     def _apply_conf_entry(self, e: Entry) -> None:
         cc, new = decode_conf_entry(e.data)
-        if self.config.voters:
+        if self.config.voters and not self._config_unverified:
             # A node that knows its configuration checks the change fits it; a
             # blank new node (no configuration yet) takes the carried result.
             try:
@@ -970,6 +977,7 @@ class RaftNode:
                     f"committed conf change {cc} at {e.index} yields {new}, expected {expect}"
                 )
         self.config = new
+        self._config_unverified = False
         self._conf_history.append((e.index, new))
         if self.role is not Role.LEADER:
             return

@@ -37,7 +37,8 @@ from broker.amqp.connection import ServerConnection
 from broker.queue.config import amqp_type_name
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
 
-from .queues import Message, QueueProcess
+from .publish import PublisherSession
+from .queues import Message, QueueProcess, QueueUid
 
 if TYPE_CHECKING:
     from .node import Node
@@ -130,14 +131,18 @@ class Channel:
         self.consumers: dict[str, Consumer] = {}
         self.next_tag = 1
         self.unacked: OrderedDict[int, tuple[QueueProcess, ConsumerId, int]] = OrderedDict()
-        self._settles: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        self._settles: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
         self._consumer_seq = 0
         # publishing
         self.confirm = False
         self.publish_seq = 0
         self.outstanding: deque[_Confirm] = deque()
-        self.queue_seqs: dict[int, int] = {}
-        self.touched: dict[int, QueueProcess] = {}
+        # One session per target queue, keyed by the queue's identity (never by
+        # a Python object: membership changes replace queue processes).
+        self.sessions: dict[QueueUid, PublisherSession] = {}
+        # Queues this channel published to, consumed from or got from: they
+        # are told ChannelDown when it closes.
+        self.touched: dict[QueueUid, QueueProcess] = {}
         self.tx = False
         self.tx_publishes: list[ev.Publish] = []
         self.tx_acks: list[Any] = []
@@ -402,7 +407,7 @@ class Channel:
         consumer = Consumer(self, q, tag, bool(m.no_ack), bool(m.exclusive), self.prefetch, priority)
         self.consumers[tag] = consumer
         q.add_consumer(consumer)
-        self.touched[id(q)] = q
+        self.touched[q.uid] = q
         if not m.nowait:
             self.send(C.Basic.ConsumeOk(consumer_tag=tag))
         # no-ack consumers get a finite credit, renewed as their deliveries are
@@ -439,7 +444,7 @@ class Channel:
         qname = self._queue_name(m.queue, m)
         self._check("read", "queue", qname, m)
         q = self._local_queue(qname, m)
-        self.touched[id(q)] = q
+        self.touched[q.uid] = q
         self._run_async(self._get(q, m))
 
     async def _get(self, q: QueueProcess, m: C.Basic.Get) -> None:
@@ -474,13 +479,14 @@ class Channel:
         self._return_all_unacked()
 
     def _return_all_unacked(self) -> None:
-        groups: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        groups: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
         for q, cid, msg_id in self.unacked.values():
-            groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
+            groups.setdefault((q.uid, cid), (q, []))[1].append(msg_id)
         self.unacked.clear()
-        for (_, cid), (q, ids) in groups.items():
-            self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids: self._forget_when_done(
-                cid, ids, q.command(qm.Return(cid, tuple(ids)))))
+        for (uid, cid), (_q, ids) in groups.items():
+            self.node.queue_command_reliable(
+                uid, ["C", qm.encode_command(qm.Return(cid, tuple(ids)))],
+                lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     def confirm_select(self, m: C.Confirm.Select) -> None:
         if self.tx:
@@ -567,19 +573,26 @@ class Channel:
                 # overflow reject-publish in force: nack without enqueueing
                 self._refused(pending)
                 continue
-            key = id(q)
-            qseq = self.queue_seqs.get(key, 0) + 1
-            self.queue_seqs[key] = qseq
-            self.touched[key] = q
-            try:
-                fut = q.enqueue(self.ref if self.confirm else None, qseq, props, p.body, p.exchange,
-                                p.routing_key, priority, expiration)
-            except Exception as exc:  # NotLeader / stopped group
-                log.warning("publish to %s failed: %s", q.name, exc)
-                self._refused(pending)
-                continue
+            uid = q.uid
+            self.touched[uid] = q
             conn.inflight += 1
-            fut.add_done_callback(lambda f, pending=pending: self._enqueued(f, pending))
+            if pending is not None:
+                session = self.sessions.get(uid)
+                if session is None:
+                    session = self.sessions[uid] = PublisherSession(
+                        self.ref, lambda payload, uid=uid: node.submit_enqueue(uid, payload),
+                        node.call_later, f"{self.ref}->{q.name}")
+                session.publish(len(p.body), priority, expiration, props, p.body, p.exchange,
+                                p.routing_key, lambda ok, pending=pending: self._published(pending, ok))
+                continue
+            # No confirms: untracked (no de-duplication), nothing to report.
+            try:
+                fut = q.enqueue(None, 0, props, p.body, p.exchange, p.routing_key, priority, expiration)
+            except Exception as exc:  # stopped group
+                log.warning("publish to %s failed: %s", q.name, exc)
+                conn.inflight -= 1
+                continue
+            fut.add_done_callback(self._unconfirmed_done)
             if collect:
                 futures.append(fut)
         if conn.inflight > HIGH_WATER:
@@ -594,17 +607,25 @@ class Channel:
             if pending.remaining == 0:
                 self.conn.confirms_dirty.add(self)
 
-    def _enqueued(self, fut: asyncio.Future[Any], pending: _Confirm | None) -> None:
+    def _inflight_done(self) -> None:
         conn = self.conn
         conn.inflight -= 1
         if conn.paused and conn.inflight < LOW_WATER:
             conn.resume()
-        if pending is None:
-            return
-        if fut.cancelled() or fut.exception() is not None or fut.result() is qm.EnqueueResult.REJECTED:
+
+    def _unconfirmed_done(self, fut: asyncio.Future[Any]) -> None:
+        self._inflight_done()
+        if not fut.cancelled():
+            fut.exception()  # retrieved: nobody waits for an unconfirmed publish
+
+    def _published(self, pending: _Confirm, ok: bool) -> None:
+        """A publisher session's final outcome for one target queue."""
+        self._inflight_done()
+        if not ok:
             pending.nack = True
         pending.remaining -= 1
         if pending.remaining == 0:
+            conn = self.conn
             conn.confirms_dirty.add(self)
             conn.schedule_flush()
 
@@ -646,7 +667,7 @@ class Channel:
         conn.schedule_flush()
 
     def _settle_later(self, q: QueueProcess, cid: ConsumerId, msg_id: int) -> None:
-        key = (id(q), cid)
+        key = (q.uid, cid)
         entry = self._settles.get(key)
         if entry is None:
             self._settles[key] = (q, [msg_id])
@@ -655,15 +676,13 @@ class Channel:
             entry[1].append(msg_id)
 
     def flush_settles(self) -> None:
+        """Settles (acks) go to their queue until applied: a leader change or a
+        lost connection re-sends them (settling twice is harmless)."""
         settles, self._settles = self._settles, {}
-        for (_, cid), (q, ids) in settles.items():
-            if not q.deleted:
-                self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids: self._forget_when_done(
-                    cid, ids, q.settle(cid, ids)))
-
-    def _forget_when_done(self, cid: ConsumerId, ids: list[int], fut: asyncio.Future[Any]) -> asyncio.Future[Any]:
-        fut.add_done_callback(lambda _f: self._forget_outstanding(cid, ids))
-        return fut
+        for (uid, cid), (_q, ids) in settles.items():
+            self.node.queue_command_reliable(
+                uid, ["S", cid.channel, cid.tag, ids],
+                lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     def _take(self, tag: int, multiple: bool, m: Any) -> list[tuple[QueueProcess, ConsumerId, int]]:
         unacked = self.unacked
@@ -696,13 +715,14 @@ class Channel:
             self._settle_later(q, cid, msg_id)
 
     def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
-        groups: dict[tuple[int, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        groups: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
         for q, cid, msg_id in self._take(tag, multiple, _NACK):
-            groups.setdefault((id(q), cid), (q, []))[1].append(msg_id)
-        for (_, cid), (q, ids) in groups.items():
+            groups.setdefault((q.uid, cid), (q, []))[1].append(msg_id)
+        for (uid, cid), (_q, ids) in groups.items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
-            self.node.queue_submit_nowait(q, lambda q=q, cid=cid, ids=ids, cmd=cmd: self._forget_when_done(
-                cid, ids, q.command(cmd)))
+            self.node.queue_command_reliable(
+                uid, ["C", qm.encode_command(cmd)],
+                lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     # ------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -712,12 +732,18 @@ class Channel:
             return
         self.closed = True
         self.flush_settles()
+        for session in self.sessions.values():
+            session.close()
+        self.sessions.clear()
         for c in self.consumers.values():
             c.queue.remove_consumer(c.cid)
         self.consumers.clear()
-        for q in list(self.touched.values()):
-            if not q.deleted:
-                self.node.queue_command_nowait(q, qm.ChannelDown(self.ref))
+        down = ["C", qm.encode_command(qm.ChannelDown(self.ref))]
+        for uid in list(self.touched):
+            # Reliable: until applied, the channel's messages stay checked out.
+            self.node.queue_command_reliable(uid, down)
+            q = self.node.live_queue(uid)
+            if q is not None:
                 self.node.schedule_auto_delete_check(q)
         self.touched.clear()
         self.unacked.clear()

@@ -30,7 +30,7 @@ from typing import Any
 from broker import queue as qm
 
 from . import raft_wire
-from .raft_group import ProposalReplaced
+from .raft_group import ProposalReplaced, ProposalUnknown
 from .transport import PeerTransport
 
 log = logging.getLogger("broker.cluster")
@@ -49,7 +49,7 @@ def parse_seed(seed: str) -> tuple[str, str, int]:
 # ---------------------------------------------------------------- reply codec
 _REPLY_TYPES: dict[str, type] = {
     t.__name__: t for t in (qm.Dequeued, qm.DequeueEmpty, qm.DequeueRefused, qm.CheckoutOk,
-                            qm.CreditReply, qm.Purged, qm.NotFound)
+                            qm.CreditReply, qm.Purged, qm.NotFound, qm.OutOfOrder)
 }
 
 
@@ -118,13 +118,16 @@ class Cluster:
         self._retry_task: asyncio.Task[None] | None = None
         self.on_peer_hello: Callable[[str, str], None] | None = None
         self.transport.on_peer_down = self._peer_down
+        # Every (re)connection starts with our hello: the peer learns that
+        # whatever we sent it on the previous connection (replies included)
+        # may be lost, and re-sends its requests to us (see _on_message "h").
+        self.transport.on_connect = lambda _peer: ["h", self.node.incarnation]
         self.on_peer_down: Callable[[str], None] | None = None
 
     async def start(self) -> int:
         port = await self.transport.start()
         for name, (host, p) in self.peers.items():
             self.transport.add_peer(name, host, p)
-            self.transport.send(name, ["h", self.node.incarnation])
         self._retry_task = asyncio.get_running_loop().create_task(self._retry_loop())
         return port
 
@@ -148,7 +151,6 @@ class Cluster:
         self.peers[name] = (host, port)
         self.members = sorted({self.name, *self.peers})
         self.transport.add_peer(name, host, port)
-        self.transport.send(name, ["h", self.node.incarnation])
 
     def send_join(self, host: str, port: int) -> None:
         """Ask every seed to let this node into the cluster (see Node.handle_join)."""
@@ -218,6 +220,13 @@ class Cluster:
             r.target = leader
             self._send_request(r, gen)
 
+    def _resync_target(self, peer: str) -> None:
+        for key, pending in list(self._pending.items()):
+            if any(r.target == peer for r in pending.values()):
+                for r in pending.values():
+                    r.gen = -1
+                self._resync(key)
+
     def _finish(self, req: _Request) -> None:
         self._requests.pop(req.req_id, None)
         pending = self._pending.get((req.vhost, req.queue))
@@ -275,6 +284,10 @@ class Cluster:
             elif kind == "j":
                 self.node.handle_join(m[1], m[2], m[3])
             elif kind == "h":
+                # A new connection from `peer`: replies it sent us on the old
+                # one may be lost. Re-send our pending requests to it, in order
+                # (enqueues are de-duplicated, the rest is idempotent).
+                self._resync_target(peer)
                 old = self.incarnations.get(peer)
                 self.incarnations[peer] = m[1]
                 if old != m[1]:
@@ -302,9 +315,12 @@ class Cluster:
 
         def done(f: asyncio.Future[Any]) -> None:
             if f.cancelled() or f.exception() is not None:
-                if isinstance(f.exception(), ProposalReplaced):
+                if isinstance(f.exception(), (ProposalReplaced, ProposalUnknown)):
                     # Proposed here while leader, then overwritten by a new
-                    # leader's entry: never applied, so the requester re-sends it.
+                    # leader's entry (never applied), or its fate unknown here
+                    # (member closed, snapshot installed over it): the
+                    # requester re-sends it, in order, to the leader (enqueues
+                    # are de-duplicated, the others are idempotent).
                     reply("not_leader", self.node.queue_leader(vhost, queue))
                 else:
                     reply("error", str(f.exception()))

@@ -34,10 +34,11 @@ from broker.raft import RaftConfig
 from .amqp_server import AmqpConnection, reply_detail
 from .cluster import Cluster, NotLeaderHere
 from .definitions import DefinitionsError, load_definitions_file
+from .errors import QueueGone
 from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
-from .queues import ClassicQueue, Message, QueueProcess, QuorumQueue, RemoteQueue
+from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
 from .raft_group import ProposalReplaced
 
 #: A peer disconnected for longer than this is treated as down: the messages
@@ -79,6 +80,9 @@ class Node:
         self._down_since: dict[str, float] = {}
         self._housekeeping_task: asyncio.Task[None] | None = None
         self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
+        # Queue members on this node that could not start (their storage is
+        # unusable): queue key -> reason. Reported by status and health checks.
+        self.failed_members: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -248,10 +252,23 @@ class Node:
                                                     for k, p in st_.progress.items()})
         for (vhost, name), q in sorted(self.queues.items()):
             log.warning("queue %s/%s (%s): %s", vhost, name, type(q).__name__, q.overview())
+        for gid, reason in sorted(self.stopped_members().items()):
+            log.warning("STOPPED group %s: %s", gid, reason)
         if self.cluster is not None:
             log.warning("peers connected: %s; incarnations: %s",
                         {p: self.cluster.transport.is_connected(p) for p in self.cluster.peers},
                         self.cluster.incarnations)
+
+    def stopped_members(self) -> dict[str, str]:
+        """Raft groups on this node that stopped (a broken invariant, a storage
+        failure) or could not start: group or queue -> reason. Reported by
+        the health check `raft-groups`, the metric qq_raft_groups_stopped and
+        SIGUSR1's status dump."""
+        out = {gid: f"{type(g.stopped).__name__}: {g.stopped}"
+               for gid, g in self._groups_by_id.items() if g.stopped is not None}
+        for (vhost, name), reason in self.failed_members.items():
+            out[f"{vhost}/{name}"] = reason
+        return out
 
     def send_raft(self, dst: str, msg: Any) -> None:
         if self.cluster is not None:
@@ -349,8 +366,9 @@ class Node:
                 self.cluster is not None and not self.cluster.transport.is_connected(peer):
             g.campaign()
 
-    def channel_dead(self, channel: str) -> bool:
-        """Is the AMQP channel `node|incarnation/conn/ch` gone for good?"""
+    def channel_gone(self, channel: str) -> bool:
+        """Is the AMQP channel `node|incarnation/conn/ch` gone for good (its node
+        restarted since, or it is a channel of an earlier life of this node)?"""
         prefix = channel.split("/", 1)[0]
         node = prefix.split("|", 1)[0]
         if node == self.node_name:
@@ -359,8 +377,16 @@ class Node:
         if self.cluster is None:
             return True
         live = self.cluster.incarnations.get(node)
-        if live is not None and live != prefix:
+        return live is not None and live != prefix
+
+    def channel_dead(self, channel: str) -> bool:
+        """Gone for good, or its node unreachable for longer than the grace
+        period (then only suspected: see QuorumQueue.reap_dead_channels)."""
+        if self.channel_gone(channel):
             return True
+        node = channel.split("|", 1)[0]
+        if node == self.node_name or self.cluster is None:
+            return False
         since = self._down_since.get(node)
         return since is not None and time.monotonic() - since > PEER_DOWN_GRACE_S
 
@@ -524,10 +550,13 @@ class Node:
         key = (record.vhost, record.name)
         if key in self.queues:
             return
+        uid: QueueUid = (record.vhost, record.name, record.created_at)
         if self.node_name not in record.members:
             # No member here: a proxy so local channels can use the queue.
-            self.queues[key] = RemoteQueue(self, record.vhost, record.name,
-                                           classic_config(record.name, record.vhost, {}))
+            proxy = RemoteQueue(self, record.vhost, record.name,
+                                classic_config(record.name, record.vhost, {}))
+            proxy.uid = uid
+            self.queues[key] = proxy
             return
         try:
             config = self._config_for(record)
@@ -538,12 +567,24 @@ class Node:
         if record.type == "quorum":
             assert self.storage is not None
             gid = self._group_id(record)
-            glog = self.storage.open_group(gid)
-            # A member joining later starts as a learner with no voters: it
-            # cannot campaign, and learns the real configuration from the leader.
-            q = QuorumQueue(self, record.vhost, record.name, config, glog,
-                            [] if joining else list(record.members), self.raft_config,
-                            learner=joining)
+            try:
+                glog = self.storage.open_group(gid)
+                # A member joining later starts as a learner with no voters: it
+                # cannot campaign, and learns the real configuration from the leader.
+                q = QuorumQueue(self, record.vhost, record.name, config, glog,
+                                [] if joining else list(record.members), self.raft_config,
+                                learner=joining)
+            except st.StorageError as exc:
+                # This member's data is unusable (corrupt file, unreadable
+                # snapshot): it stays stopped, the node and the queue's other
+                # members go on; local clients reach the leader elsewhere.
+                log.error("queue %s/%s: member on this node stopped: %s", record.vhost, record.name, exc)
+                self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+                proxy = RemoteQueue(self, record.vhost, record.name,
+                                    classic_config(record.name, record.vhost, {}))
+                proxy.uid = uid
+                self.queues[key] = proxy
+                return
             q.snapshot_every = self.config["raft.snapshot_interval"]  # type: ignore[union-attr]
             self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
             if len(record.members) == 1 or (record.leader == self.node_name
@@ -551,11 +592,17 @@ class Node:
                 self._campaign_until_led(q, time.monotonic() + 5.0)
         else:
             q = ClassicQueue(self, record.vhost, record.name, config)
+        q.uid = uid
         self.queues[key] = q
 
     def _members_changed(self, eff: Any) -> None:
         """A member joined or left: start a joining member here (as a learner
-        that waits for the leader's log), or stop the one leaving."""
+        that waits for the leader's log), or stop the one leaving. The queue's
+        process is replaced, not the queue: its identity (uid), consumers and
+        blocked publishers carry over, and channels find the new process by
+        the identity (their publish numbering, unacked messages and pending
+        settles continue); pending proposals of the old process fail as
+        ProposalUnknown and are re-sent through the new one."""
         record = self.queue_record(eff.vhost, eff.name)
         if record is None:
             return
@@ -563,22 +610,29 @@ class Node:
         key = (record.vhost, record.name)
         q = self.queues.get(key)
         if me in eff.new and me not in eff.old:
-            consumers = q.consumers if q is not None else {}
             if q is not None:
                 q.close()
                 del self.queues[key]
             self._start_queue(record, joining=True)
             new_q = self.queues.get(key)
-            if new_q is not None:
-                new_q.consumers.update(consumers)
+            if q is not None and new_q is not None:
+                self._carry_over(q, new_q)
         elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
-            consumers = q.consumers
             q.close()
             self._drop_group(q)
             del self.queues[key]
             proxy = RemoteQueue(self, record.vhost, record.name, classic_config(record.name, record.vhost, {}))
-            proxy.consumers.update(consumers)
+            proxy.uid = (record.vhost, record.name, record.created_at)
+            self._carry_over(q, proxy)
             self.queues[key] = proxy
+
+    @staticmethod
+    def _carry_over(old: QueueProcess, new: QueueProcess) -> None:
+        new.consumers.update(old.consumers)
+        for consumer in old.consumers.values():
+            consumer.queue = new
+        new.blocked_publishers |= old.blocked_publishers
+        new.had_consumer = new.had_consumer or old.had_consumer
 
     def _drop_group(self, q: QuorumQueue) -> None:
         """The queue (or this member) is gone: delete its log for good."""
@@ -729,19 +783,41 @@ class Node:
         asyncio.ensure_future(self.meta.execute(md.DeleteQueue(md.VhostName(vhost), md.QueueName(name))))
 
     # ------------------------------------------------------------ queue commands
+    def live_queue(self, uid: QueueUid) -> QueueProcess | None:
+        """The process of the queue with this identity on this node right now
+        (membership changes replace processes), or None once it is gone."""
+        q = self.queues.get((uid[0], uid[1]))
+        return q if q is not None and q.uid == uid and not q.deleted else None
+
+    def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> asyncio.Future[Any]:
+        """A publisher session's enqueue, routed by the queue's current process
+        (a local leader proposes it, anything else forwards it)."""
+        q = self.live_queue(uid)
+        if q is None:
+            raise QueueGone(f"queue '{uid[1]}' in vhost '{uid[0]}' is gone")
+        return q._submit(payload)
+
+    def call_later(self, delay: float, fn: Any) -> Any:
+        assert self._loop is not None
+        return self._loop.call_later(delay, fn)
+
     async def queue_command(self, q: QueueProcess, cmd: qm.Command) -> Any:
         from .amqp_server import ChannelError
 
         # A command proposed here and then overwritten by a new leader was never
         # applied: propose it again (to the new leader) until it is, for a while.
+        uid = q.uid
         deadline = time.monotonic() + 30
         while True:
+            cur = self.live_queue(uid)
+            if cur is None:
+                raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is gone")
             try:
-                return await q.command(cmd)
+                return await cur.command(cmd)
             except ChannelError:
                 raise
             except ProposalReplaced as exc:
-                if q.deleted or time.monotonic() > deadline:
+                if time.monotonic() > deadline:
                     raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
                                             f"{exc}") from None
                 await asyncio.sleep(0.05)
@@ -759,6 +835,14 @@ class Node:
             log.warning("queue %s: command not submitted: %s", q.name, exc)
             return
         fut.add_done_callback(_log_failure)
+
+    def queue_command_reliable(self, uid: QueueUid, payload: list[Any],
+                               on_applied: Any = None) -> None:
+        """Submit an idempotent command (settle, return, discard, channel down)
+        until it is applied or the queue is gone: a leader change, a replaced
+        entry or a lost connection re-sends it. `on_applied()` runs once it is
+        applied (not when the queue is gone)."""
+        _ReliableCommand(self, uid, payload, on_applied).submit()
 
     # ------------------------------------------------------------ dead lettering
     def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
@@ -849,6 +933,49 @@ def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfi
         delivery_limit=None,
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
     )
+
+
+class _ReliableCommand:
+    """One idempotent queue command re-submitted until applied (see
+    Node.queue_command_reliable). Retries back off from 10 ms to 1 s."""
+
+    __slots__ = ("node", "uid", "payload", "on_applied", "delay")
+
+    def __init__(self, node: Node, uid: QueueUid, payload: list[Any], on_applied: Any) -> None:
+        self.node = node
+        self.uid = uid
+        self.payload = payload
+        self.on_applied = on_applied
+        self.delay = 0.01
+
+    def submit(self) -> None:
+        q = self.node.live_queue(self.uid)
+        if q is None or self.node._loop is None:
+            return  # the queue is gone: nothing left to settle
+        try:
+            fut = q._submit(self.payload)
+        except Exception as exc:  # noqa: BLE001 - not leader at this instant, stopped group
+            log.debug("queue %s: command not submitted yet: %s", q.name, exc)
+            self._again()
+            return
+        fut.add_done_callback(self._done)
+
+    def _done(self, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            if self.on_applied is not None:
+                self.on_applied()
+            return
+        exc = None if fut.cancelled() else fut.exception()
+        if isinstance(exc, QueueGone):
+            return
+        log.debug("queue command to be re-sent: %s", exc)
+        self._again()
+
+    def _again(self) -> None:
+        if self.node.live_queue(self.uid) is None or self.node._loop is None:
+            return
+        delay, self.delay = self.delay, min(self.delay * 2, 1.0)
+        self.node._loop.call_later(delay, self.submit)
 
 
 # ---------------------------------------------------------------- process entry

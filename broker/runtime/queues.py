@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.queues")
 
 Message = tuple[bytes, bytes, str, str]  # properties_raw, body, exchange, routing_key
+#: A queue's identity: vhost, name and its declaration's creation time (a
+#: queue deleted and declared again is another queue). Channels key their
+#: publish numbering and settles by it, never by the Python object: a
+#: membership change replaces the process but not the queue.
+QueueUid = tuple[str, str, int]
 
 
 class Host(Protocol):
@@ -69,6 +74,8 @@ class Host(Protocol):
 
     def channel_dead(self, channel: str) -> bool: ...
 
+    def channel_gone(self, channel: str) -> bool: ...
+
 
 class QueueProcess:
     """Shared logic of quorum and classic queues: commands out, effects in."""
@@ -80,6 +87,7 @@ class QueueProcess:
         self.host = host
         self.vhost = vhost
         self.name = name
+        self.uid: QueueUid = (vhost, name, 0)  # the node sets the real one
         self.state = qm.new_state(config)
         self.consumers: dict[ConsumerId, Consumer] = {}
         self.blocked_publishers: set[ChannelRef] = set()
@@ -413,6 +421,11 @@ class QuorumQueue(QueueProcess):
     def leader_node(self) -> str | None:
         return self.group.leader or self.host.recorded_leader(self.vhost, self.name)
 
+    @property
+    def stopped(self) -> BaseException | None:
+        """Why this member stopped (a broken invariant or a storage failure), or None."""
+        return self.group.stopped
+
     def _replica_match(self, node: str) -> int:
         pr = self.group.node.progress.get(NodeId(node))
         return pr.match if pr is not None else 0
@@ -533,18 +546,24 @@ class QuorumQueue(QueueProcess):
         self.host.leader_elected(self.vhost, self.name)
 
     def reap_dead_channels(self) -> None:
-        stale = {cid.channel for cid in self.state.consumers if self.host.channel_dead(cid.channel)}
-        stale |= {ch for ch in self.state.publishers if self.host.channel_dead(ch)}
-        for ch in sorted(stale):
+        """Channels gone for good (their node restarted, or closed here) stop
+        being consumers and publishers; channels only suspected gone (their
+        node unreachable for a while) lose their consumers (the messages go
+        back to the queue) but keep their de-duplication entry, since they
+        may still re-send publishes."""
+        host = self.host
+        consumers = {cid.channel for cid in self.state.consumers}
+        gone = {ch for ch in consumers | set(self.state.publishers) if host.channel_gone(ch)}
+        suspect = {ch for ch in consumers - gone if host.channel_dead(ch)}
+        for ch, keep in [*((c, False) for c in sorted(gone)), *((c, True) for c in sorted(suspect))]:
             try:
-                self.command(qm.ChannelDown(ch))
+                self.command(qm.ChannelDown(ch, keep_publisher=keep)).add_done_callback(_retrieve)
             except Exception as exc:
                 log.debug("%s: ChannelDown(%s) not proposed: %s", self.name, ch, exc)
 
     def close(self) -> None:
         super().close()
         self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
-
 
     def storage_accounting(self) -> dict[str, Any]:
         """Read-only, for the management API's storage manifest: the raft
@@ -574,6 +593,7 @@ class QuorumQueue(QueueProcess):
                 pass
         return out
 
+
 def live_indexes(state: Any) -> list[int]:
     """Raft indexes of every live message of a queue state (ready, returned,
     checked out, dead-lettered awaiting confirmation)."""
@@ -586,4 +606,5 @@ def live_indexes(state: Any) -> list[int]:
     return sorted(set(out))
 
 
-__all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QuorumQueue", "RemoteQueue"]
+__all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QueueUid", "QuorumQueue",
+           "RemoteQueue"]

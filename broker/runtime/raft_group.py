@@ -107,15 +107,19 @@ class GroupLogStorage:
         meta = self.glog.snapshot_meta()
         if meta is not None:
             membership = decode_membership(meta.config)
-        elif self._has_config_entry():
+        elif self._has_config_entry(hs.commit):
             membership = Membership(frozenset(), frozenset())
         else:
+            # No committed CONFIG entry: the bootstrap membership is in force
+            # (an uncommitted CONFIG entry changes nothing until committed,
+            # and a member restarting with one must still be able to vote).
             membership = self.bootstrap
         vote = NodeId(hs.voted_for) if hs.voted_for is not None else None
         return HardState(Term(hs.term), vote, Index(hs.commit)), membership
 
-    def _has_config_entry(self) -> bool:
-        lo, last = self.glog.first_index(), self.glog.last_index()
+    def _has_config_entry(self, upto: int) -> bool:
+        """Does the log hold a CONFIG entry at or below `upto` (committed)?"""
+        lo, last = self.glog.first_index(), min(self.glog.last_index(), upto)
         config = EntryKind.CONFIG.value
         while lo <= last:
             batch = self.glog.entries(lo, last + 1, 16 << 20)
@@ -197,6 +201,13 @@ class ProposalReplaced(ProposalFailed):
     so proposing it again (to the new leader) is safe."""
 
 
+class ProposalUnknown(ProposalFailed):
+    """The proposal's fate cannot be known here (a snapshot was installed
+    over its index, or this member was closed while it was pending): it may
+    or may not be applied. Re-sending is safe only for commands the machine
+    de-duplicates or that are idempotent (enqueues, settles, channel down)."""
+
+
 ApplyFn = Callable[[int, int, int, Any], Any]
 """apply(index, term, timestamp_ms, payload) -> reply (NORMAL entries only)."""
 
@@ -276,7 +287,7 @@ class RaftGroup:
         index = self.node.propose(data)
         fut: asyncio.Future[Any] = self._loop.create_future()
         term = self.node.term
-        self._waiters[index] = (term, fut)
+        self._add_waiter(index, term, fut)
         if type(payload) is list and payload and payload[0] in _PLAIN_PAYLOADS:
             # Hot path: apply the leader's own proposal without decoding it
             # again. Only for payloads made of scalars, so the leader applies
@@ -289,9 +300,19 @@ class RaftGroup:
         """Propose a membership change; the future resolves once it is applied."""
         index = self.node.propose_conf_change(cc)
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._waiters[index] = (self.node.term, fut)
+        self._add_waiter(index, self.node.term, fut)
         self._kick()
         return fut
+
+    def _add_waiter(self, index: int, term: int, fut: asyncio.Future[Any]) -> None:
+        """Invariant: every waiter ends, resolved by the entry it proposed
+        (same index and term) or failed. A waiter of an earlier term at the
+        same index lost its entry to a truncation: it fails now."""
+        old = self._waiters.get(index)
+        if old is not None and not old[1].done():
+            old[1].set_exception(ProposalReplaced(
+                f"entry {index} of term {old[0]} was replaced by a new leader's entry"))
+        self._waiters[index] = (term, fut)
 
     def propose_indexed(self, payload: Any) -> tuple[int, asyncio.Future[Any]]:
         """Like propose, also returning the entry's index."""
@@ -318,6 +339,12 @@ class RaftGroup:
             while self.stopped is None and node.has_ready():
                 self._handle_ready(node.ready())
         except st.StorageError as exc:
+            self._stop(exc)
+        except Exception as exc:  # noqa: BLE001 - a broken invariant stops this group only
+            # A Ready half handled cannot be resumed: the group stops, loudly,
+            # fails its waiters (nothing more is confirmed through it) and
+            # reports the reason (status, metrics, health check).
+            log.exception("group %s: stopped by an unexpected error", self.group_id)
             self._stop(exc)
 
     def _handle_ready(self, rd: Ready) -> None:
@@ -351,9 +378,11 @@ class RaftGroup:
                 self._pending_writes.append(_PendingWrite(rd.seq, 0, None))
         for m in rd.persisted_messages:
             send(m.dst, m)
-        if rd.snapshot is not None and self._on_snapshot is not None:
-            self._on_snapshot(rd.snapshot.data)
+        if rd.snapshot is not None:
+            if self._on_snapshot is not None:
+                self._on_snapshot(rd.snapshot.data)
             self.applied_index = rd.snapshot.meta.index
+            self._snapshot_over_waiters(rd.snapshot.meta.index)
         for e in rd.committed_entries:
             self._apply_entry(e)
         self.node.advance(rd)
@@ -370,7 +399,13 @@ class RaftGroup:
             else:
                 ts, payload = msgpack.unpackb(e.data, raw=False, strict_map_key=False)
             self.last_applied_ms = ts
-            reply = self._apply(e.index, e.term, ts, payload)
+            try:
+                reply = self._apply(e.index, e.term, ts, payload)
+            except BaseException as exc:
+                if waiter is not None and not waiter[1].done():
+                    waiter[1].set_exception(ProposalFailed(
+                        f"group {self.group_id} stopped applying entry {e.index}: {exc}"))
+                raise
         self.applied_index = e.index
         if waiter is not None:
             term, fut = waiter
@@ -410,6 +445,17 @@ class RaftGroup:
         self.node.persisted(seq)
         self._kick()
 
+    def _snapshot_over_waiters(self, index: int) -> None:
+        """A snapshot installed at `index` replaces the entries up to it: a
+        proposal waiting there will never be applied one by one, and whether
+        the snapshot includes it is unknown."""
+        for i in [i for i in self._waiters if i <= index]:
+            term, fut = self._waiters.pop(i)
+            self._proposed.pop(i, None)
+            if not fut.done():
+                fut.set_exception(ProposalUnknown(
+                    f"a snapshot at {index} was installed over entry {i} (term {term})"))
+
     def on_storage_error(self, exc: BaseException) -> None:
         log.error("group %s: storage error: %s", self.group_id, exc)
         self._stop(exc)
@@ -418,17 +464,24 @@ class RaftGroup:
         """A broken invariant or a storage failure stops this group, not the node."""
         if self.stopped is None:
             self.stopped = exc
+            # A stopped member leads nothing: its node routes the queue's
+            # commands to whoever the others elect.
+            self.role = Role.FOLLOWER
+            self.leader = None
             for _term, fut in self._waiters.values():
                 if not fut.done():
                     fut.set_exception(ProposalFailed(f"group {self.group_id} stopped: {exc}"))
             self._waiters.clear()
 
     def fail_waiters(self, reason: str) -> None:
+        """This member is closing (queue deleted or member removed/replaced):
+        its pending proposals may still be committed by the other members."""
         for _term, fut in self._waiters.values():
             if not fut.done():
-                fut.set_exception(ProposalFailed(reason))
+                fut.set_exception(ProposalUnknown(reason))
         self._waiters.clear()
+        self._proposed.clear()
 
 
-__all__ = ["GroupLogStorage", "NotLeader", "ProposalFailed", "ProposalReplaced", "RaftGroup", "decode_membership",
+__all__ = ["GroupLogStorage", "NotLeader", "ProposalFailed", "ProposalReplaced", "ProposalUnknown", "RaftGroup", "decode_membership",
            "encode_membership"]

@@ -25,12 +25,23 @@ cookie analogue; the secret itself never crosses the wire):
 Each handshake message is one frame whose payload is a msgpack map. A peer that
 fails the handshake is disconnected and logged; nothing it sent is delivered.
 
-Delivery guarantee: at most once, in order per connection. Messages queued
-while a peer is unreachable are kept up to `max_queued` (oldest dropped
-first, counted in `stats`) and sent once the connection is back; messages
-queued while a connection was up are dropped when it breaks (they may have
-been partly written to it). `generation(peer)` tells callers that need
-reliability (the node's forwarded requests) when to resend.
+Delivery guarantee: at most once, in order per connection, and **every loss
+is visible** as a new connection: messages queued while a peer is
+unreachable are kept up to `max_queued` (oldest dropped first, counted in
+`stats`) and sent once the connection is back; messages queued while a
+connection was up are dropped when it breaks (they may have been partly
+written to it); and when a live connection's queue overflows (the peer reads
+too slowly), the connection is closed rather than a message silently
+dropped from the middle of its stream. So a message can only be lost with
+the connection it was meant for: `generation(peer)` changes on our side, and
+the peer sees a new inbound connection, which starts with the message
+`on_connect(peer)` returns (the node's hello). Callers that need reliability
+(forwarded requests and their replies) re-send on either signal.
+
+Frames are bounded by bytes on the sending side too: a batch is cut before
+it passes `max_batch_bytes` (one message alone may be larger, up to the
+receiver's `max_frame`), so a burst of large messages never makes a frame
+the receiver refuses.
 """
 from __future__ import annotations
 
@@ -53,7 +64,8 @@ log = logging.getLogger("broker.transport")
 
 _LEN = struct.Struct(">I")
 PROTOCOL_VERSION = 1
-DEFAULT_MAX_FRAME = 256 * 1024 * 1024
+DEFAULT_MAX_FRAME = 512 * 1024 * 1024
+DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 5.0
 
 
@@ -76,6 +88,8 @@ class TransportStats:
     frames_received: int = 0
     messages_received: int = 0
     dropped_queue_full: int = 0
+    overflow_disconnects: int = 0
+    oversized_dropped: int = 0
     auth_failures: int = 0
     connects: int = 0
 
@@ -92,6 +106,7 @@ class _Outbound:
     task: asyncio.Task[None] | None = None
     connected: bool = False
     generation: int = 0  # incremented at every successful (re)connection
+    overflowed: bool = False  # a message was dropped from a live connection's queue
 
 
 def _encode(payload: Any) -> bytes:
@@ -127,6 +142,7 @@ class PeerTransport:
         client_ssl: ssl.SSLContext | None = None,
         max_frame: int = DEFAULT_MAX_FRAME,
         max_batch: int = 4096,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         max_queued: int = 100_000,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
@@ -143,6 +159,7 @@ class PeerTransport:
         self._client_ssl = client_ssl
         self._max_frame = max_frame
         self._max_batch = max_batch
+        self._max_batch_bytes = max_batch_bytes
         self._max_queued = max_queued
         self._backoff = (backoff_initial_s, backoff_max_s)
         self._rng = rng or random.Random()
@@ -153,6 +170,9 @@ class PeerTransport:
         self.stats = TransportStats()
         #: called with a peer's name when our connection to it breaks
         self.on_peer_down: Callable[[str], None] | None = None
+        #: called with a peer's name when a connection to it is established:
+        #: the message it returns goes first on the new connection
+        self.on_connect: Callable[[str], Any] | None = None
         #: peers currently authenticated on an inbound connection (for status pages)
         self.inbound_peers: dict[str, int] = {}
 
@@ -220,6 +240,10 @@ class PeerTransport:
         if len(out.queue) >= self._max_queued:
             out.queue.popleft()
             self.stats.dropped_queue_full += 1
+            if out.connected:
+                # A hole in a live stream would go unnoticed: end the
+                # connection instead (see the delivery guarantee).
+                out.overflowed = True
         out.queue.append(message)
         out.wakeup.set()
 
@@ -242,6 +266,11 @@ class PeerTransport:
                 continue
             try:
                 await asyncio.wait_for(self._client_handshake(reader, writer, out.peer), HANDSHAKE_TIMEOUT_S)
+                if self.on_connect is not None:
+                    first = self.on_connect(out.peer)
+                    if first is not None:
+                        out.queue.appendleft(first)
+                out.overflowed = False
                 out.connected = True
                 out.generation += 1
                 self.stats.connects += 1
@@ -282,14 +311,45 @@ class PeerTransport:
                         waiter.cancel()
                         raise TransportError("peer closed the connection")
                     continue
-                n = min(len(out.queue), self._max_batch)
-                batch = [out.queue.popleft() for _ in range(n)]
-                writer.write(_encode(batch))
+                if out.overflowed:
+                    self.stats.overflow_disconnects += 1
+                    raise TransportError(f"send queue to {out.peer} overflowed ({self._max_queued} "
+                                         f"messages): reconnecting so the loss is seen")
+                frame = self._next_frame(out)
+                if frame is None:
+                    continue
+                writer.write(frame)
                 self.stats.frames_sent += 1
-                self.stats.messages_sent += n
                 await writer.drain()
         finally:
             closed.cancel()
+
+    def _next_frame(self, out: _Outbound) -> bytes | None:
+        """Take queued messages for one frame: at most `max_batch` of them and
+        `max_batch_bytes` (a single larger message goes alone)."""
+        queue = out.queue
+        parts: list[bytes] = []
+        size = 0
+        while queue and len(parts) < self._max_batch:
+            packed = msgpack.packb(queue[0], use_bin_type=True)
+            if parts and size + len(packed) > self._max_batch_bytes:
+                break
+            queue.popleft()
+            if len(packed) + 16 > self._max_frame:
+                # The receiver would refuse the frame and the connection would
+                # loop; nothing this large is ever produced by the node.
+                self.stats.oversized_dropped += 1
+                log.error("%s: dropping a %d-byte message to %s (over the %d-byte frame limit)",
+                          self.node, len(packed), out.peer, self._max_frame)
+                continue
+            parts.append(packed)
+            size += len(packed)
+        if not parts:
+            return None
+        packer = msgpack.Packer(use_bin_type=True)
+        body = packer.pack_array_header(len(parts)) + b"".join(parts)
+        self.stats.messages_sent += len(parts)
+        return _LEN.pack(len(body)) + body
 
     async def _client_handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected_peer: str

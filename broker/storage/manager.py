@@ -266,6 +266,35 @@ class GroupLog:
         self._recompute_pieces()
         last = self._log_last()
         self._durable = last if last is not None else self._empty_last()
+        self._reconcile_with_snapshot()
+
+    def _reconcile_with_snapshot(self) -> None:
+        """Raft's rule for a snapshot (lock held or not yet shared): if the log
+        holds the snapshot's entry with the snapshot's term, the log is
+        consistent with it and stays; otherwise (a snapshot installed from a
+        leader over a stale or shorter log) every entry, below and above the
+        snapshot, is discarded: the log restarts after the snapshot. Reads stop
+        seeing the discarded entries at once; on disk they are voided by the
+        reset flag of the next append (and this check runs again at every
+        open, so a crash in between changes nothing)."""
+        snap = self._snapshot
+        first, last = self._log_first(), self._log_last()
+        if snap is None or first is None or last is None or first > snap.index:
+            return  # no log, or a log that restarted after the snapshot
+        if last >= snap.index:
+            try:
+                if self._entry_term_locked(snap.index) == snap.term:
+                    return
+            except StorageError:
+                pass
+        log.info("storage: group %r: snapshot %d/%d does not match the log: discarding the log",
+                 self.group_id, snap.index, snap.term)
+        self._mem.clear()
+        self._marks.clear()
+        self._mem_first = snap.index + 1
+        self._clip = 0
+        self._recompute_pieces()
+        self._durable = snap.index
 
     # ----- composition (lock held)
     def _recompute_pieces(self) -> None:
@@ -380,12 +409,19 @@ class GroupLog:
             return self._term_locked(index)
 
     def _term_locked(self, index: int) -> int:
+        # The snapshot's term is authoritative at its index (a snapshot
+        # installed from a leader may sit on a stale local entry).
+        snap = self._snapshot
+        if snap is not None and index == snap.index:
+            return snap.term
+        return self._entry_term_locked(index)
+
+    def _entry_term_locked(self, index: int) -> int:
+        """Term of the log entry `index` itself (not the snapshot's)."""
         mem = self._mem
         if mem and self._mem_first <= index < self._mem_first + len(mem):
             return mem[index - self._mem_first].term
         snap = self._snapshot
-        if snap is not None and index == snap.index:
-            return snap.term
         if index == 0:
             return 0
         piece = self._piece_for(index)
@@ -396,7 +432,8 @@ class GroupLog:
                 raise self._broken(f"{piece[2].path}: no slot for entry {index}")
             return reader.slots[k].term
         first = self._log_first()
-        if first is None or index < first or (snap is not None and index < snap.index):
+        if index <= self._last_index_locked() and (
+                first is None or index < first or (snap is not None and index < snap.index)):
             raise CompactedError(f"group {self.group_id!r}: index {index} is compacted")
         raise UnavailableError(f"group {self.group_id!r}: index {index} is beyond the log")
 
@@ -715,14 +752,31 @@ class GroupLog:
         with self._mgr._lock:
             if self._snapshot is None or self._snapshot.index <= index:
                 self._snapshot = meta
+                self._reconcile_with_snapshot()
         _prune_snapshots(snapdir, keep=2)
         return meta
 
     def latest_snapshot(self) -> Snapshot | None:
-        """The newest valid snapshot on disk (config + data), or None."""
+        """The newest valid snapshot on disk (config + data), or None.
+
+        Falling back to an older snapshot (the newest is unreadable) is only
+        allowed while the log still holds every entry after the older one;
+        otherwise entries would be silently skipped, so the group stops with
+        CorruptSnapshotError."""
         with self._mgr._lock:
             self._check()
         found = _load_latest_snapshot(os.path.join(self.path, "snapshots"))
+        with self._mgr._lock:
+            want = self._snapshot
+            if want is not None and (found is None or found.meta.index < want.index):
+                first = self._log_first()
+                have = found.meta.index if found is not None else 0
+                if first is None or first > have + 1:
+                    exc = CorruptSnapshotError(
+                        f"group {self.group_id!r}: snapshot {want.index} is unreadable and the log "
+                        f"no longer holds the entries after {'snapshot ' + str(have) if have else 'the start'}")
+                    self._fail(exc)
+                    raise exc
         return found
 
     def release(self, smallest_live_index: int) -> int:
@@ -1202,6 +1256,16 @@ class LogManager:
             g = GroupLog(self, group_id, ref, path, files,
                          snap.meta if snap is not None else None,
                          self._recovered_hs.get(group_id, HardState()), on_durable, on_error)
+            newest = _snapshot_files(snapdir)
+            have = snap.meta.index if snap is not None else 0
+            if newest and newest[0][0] > have:
+                # The newest snapshot is unreadable. Falling back is only sound
+                # if the log still holds every entry after the older one.
+                first = g._log_first()
+                if first is None or first > have + 1:
+                    raise CorruptSnapshotError(
+                        f"group {group_id!r}: snapshot {newest[0][1]} is unreadable and the log no "
+                        f"longer holds the entries after {'snapshot ' + str(have) if have else 'the start'}")
             dropped = g._drop_leading(0)
             self._groups[group_id] = g
         self._unlink_segments(path, dropped)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from broker import storage as st
 from broker.raft import Membership, NodeId, RaftConfig
 from broker.runtime.raft_group import RaftGroup
@@ -138,3 +140,71 @@ async def test_three_members_replicate_and_survive_leader_isolation(tmp_path: Pa
     finally:
         for m in net.members.values():
             m.close()
+
+
+async def test_member_restarting_with_only_an_uncommitted_config_entry_can_still_lead(
+        tmp_path: Path) -> None:
+    """Issue 10 defect 10: a log whose only CONFIG entry is uncommitted (the
+    leader appended 'add learner n2' and the node stopped before it
+    committed) used to start with no voters at all: it could never campaign.
+    The bootstrap membership is in force until a CONFIG entry commits, and
+    that entry then sets the membership it carries even when the bootstrap
+    list (the metadata's members) already included the change."""
+    from broker.raft import ConfChange, ConfChangeKind, EntryKind, encode_conf_entry
+
+    loop = asyncio.get_running_loop()
+    learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
+    data = encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner)
+    mgr = st.LogManager(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024))
+    glog = mgr.open_group("g1")
+    glog.append([st.Entry(1, 1, b"", EntryKind.NOOP.value),
+                 st.Entry(2, 1, data, EntryKind.CONFIG.value)])
+    glog.set_hard_state(st.HardState(1, "n1", 1))  # entry 2 not committed
+    mgr.sync()
+    mgr.close()
+    mgr = st.LogManager(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024),
+                        on_durable=lambda g, i, t: loop.call_soon_threadsafe(lambda: group.on_durable()))
+    applied: list[Any] = []
+    try:
+        group = RaftGroup("g1", "n1", mgr.open_group("g1"), learner,
+                          lambda i, t, ts, p: applied.append(p), lambda dst, msg: None,
+                          raft_config=RaftConfig(election_tick=10), rng=random.Random(7))
+        assert group.node.config.voters == {NodeId("n1")}
+        group.campaign()
+        await _until(lambda: group.is_leader, group.tick)
+        assert (await asyncio.wait_for(group.propose("x"), 10)) is None
+        assert group.stopped is None
+        assert group.node.config == learner and applied == ["x"]
+    finally:
+        mgr.close()
+
+
+async def test_unexpected_error_while_applying_stops_the_group_and_fails_its_waiters(
+        tmp_path: Path) -> None:
+    """Issue 10 defect 9: an exception other than a storage error inside the
+    Ready loop used to leave the batch half applied and the group silently
+    frozen. It stops the group, loudly: waiters fail, nothing is confirmed,
+    the reason is kept, and the group no longer claims to lead."""
+    net = Net()
+    m = Member("n1", tmp_path / "n1", ["n1"], net)
+    net.members["n1"] = m
+    try:
+        m.group.campaign()
+        await _until(lambda: m.group.is_leader, m.group.tick)
+        assert (await m.group.propose("ok")) == ("applied", "ok")
+
+        def boom(index: int, term: int, ts: int, payload: Any) -> Any:
+            if payload == "bad":
+                raise ValueError("broken invariant")
+            return ("applied", payload)
+        m.group._apply = boom
+        bad = m.group.propose("bad")
+        later = m.group.propose("later")
+        await _until(lambda: bad.done() and later.done())
+        assert isinstance(m.group.stopped, ValueError)
+        assert bad.exception() is not None and later.exception() is not None
+        assert not m.group.is_leader
+        with pytest.raises(Exception, match="stopped"):
+            m.group.propose("after")
+    finally:
+        m.close()

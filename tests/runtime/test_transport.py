@@ -244,3 +244,54 @@ def test_frame_format_is_length_prefixed_msgpack() -> None:
     (length,) = struct.unpack(">I", frame[:4])
     assert length == len(frame) - 4
     assert msgpack.unpackb(frame[4:]) == [1, "two"]
+
+
+async def test_large_messages_are_split_into_frames_the_receiver_accepts() -> None:
+    """Issue 10 defect 8: the sender bounds frames by bytes. Receiver limit 3
+    MiB; forty 1 MiB messages queued at once all arrive, in order, on one
+    connection (no refused frame, no reconnect loop)."""
+    a, b, ia, ib = await _pair(a={"max_batch_bytes": 2 << 20}, b={"max_frame": 3 << 20})
+    try:
+        a.send("b", "warm-up")
+        await ib.wait_for("a", 1)
+        blob = b"x" * (1 << 20)
+        for i in range(40):
+            a.send("b", [i, blob])
+        got = await ib.wait_for("a", 41, timeout=30)
+        assert [m[0] for m in got[1:]] == list(range(40))
+        assert a.stats.connects == 1 and a.generation("b") == 1
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_overflow_of_a_live_connection_reconnects_so_the_loss_is_visible() -> None:
+    """Issue 10 defect 3: messages dropped from a live connection's queue
+    (the peer reads too slowly) must not leave a silent hole: the connection
+    is re-established (the generation changes) and the peer sees a new
+    connection, which starts with the on_connect message."""
+    a, b, ia, ib = await _pair(a={"max_queued": 100})
+    a.on_connect = lambda peer: ["hello", peer]
+    try:
+        a.send("b", "warm-up")
+        got = await ib.wait_for("a", 2)
+        assert got[0] == ["hello", "b"]
+        gen = a.generation("b")
+        for i in range(500):  # queued synchronously: 400 are dropped
+            a.send("b", i)
+        assert a.stats.dropped_queue_full == 400
+
+        async def reconnected() -> None:
+            while a.generation("b") in (gen, -1):
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(reconnected(), 10)
+        assert a.stats.overflow_disconnects == 1
+        a.send("b", "after")
+        msgs = await ib.wait_for("a", 4)
+        i = msgs.index(["hello", "b"], 1)
+        assert msgs[-1] == "after" and i < len(msgs) - 1
+        # nothing of the overflowed backlog arrived after the hole
+        assert not any(isinstance(m, int) for m in msgs)
+    finally:
+        await a.close()
+        await b.close()

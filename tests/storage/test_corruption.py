@@ -16,6 +16,7 @@ import pytest
 from broker.storage import (
     CorruptionError,
     CorruptSegmentError,
+    CorruptSnapshotError,
     CorruptWalError,
     GroupFailedError,
     LogManager,
@@ -193,3 +194,28 @@ def test_half_written_snapshot_falls_back_to_the_previous_one(tmp_path: Path) ->
     with LogManager(tmp_path, BIG_WAL) as m:
         snap = m.open_group("a").latest_snapshot()
         assert snap is not None and (snap.meta.index, snap.data) == (5, b"state5")
+
+
+def test_corrupt_newest_snapshot_after_the_log_was_released_stops_the_group(tmp_path: Path) -> None:
+    """Issue 10 defect 10: falling back to an older snapshot is only sound
+    while the log still holds every entry after it. Here segments up to the
+    newest snapshot (20) were released, so snapshot 5 plus the log would skip
+    entries 6..: the group must refuse to open, not serve a gap."""
+    cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4)
+    with LogManager(tmp_path, cfg) as m:
+        log = m.open_group("a")
+        log.append(entries("a", 1, 31, 1))
+        m.sync()
+        assert m.wait_flushed(10)
+        log.save_snapshot(5, 1, b"c5", b"state5")
+        log.save_snapshot(20, 1, b"c20", b"state20")
+        assert log.release(21) > 0 and log.first_index() > 6
+    snapdir = tmp_path / "groups" / "a" / "snapshots"
+    newest = sorted(snapdir.iterdir())[-1]
+    buf = bytearray(newest.read_bytes())
+    buf[-1] ^= 1
+    newest.write_bytes(bytes(buf))
+    with LogManager(tmp_path, cfg) as m:
+        with pytest.raises(CorruptSnapshotError, match="no longer holds"):
+            m.open_group("a")
+        m.open_group("b").append(entries("b", 1, 3, 1))  # other groups unaffected

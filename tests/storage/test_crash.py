@@ -45,7 +45,9 @@ def _child(path: Path, wfd: int, seed: int) -> None:  # pragma: no cover - runs 
         logs = {g: m.open_group(g) for g in GROUPS}
         term = {}
         for g, log in logs.items():
-            t = log.term(log.last_index()) if log.last_index() >= log.first_index() else 0
+            # term(last) is defined for the last entry and for a snapshot at
+            # last (an installed snapshot leaves no entry at or below it)
+            t = log.term(log.last_index()) if log.last_index() >= max(1, log.first_index() - 1) else 0
             term[g] = max(1, t, log.hard_state().term)
         out("R")
         while True:

@@ -224,7 +224,8 @@ def test_snapshot_release_and_reset_after_snapshot_install(tmp_path: Path) -> No
         # a follower installs a snapshot past its log: the log restarts after it
         log.save_snapshot(100, 3, b"cfg2", b"state@100")
         assert log.last_index() == 100 and log.term(100) == 3
-        assert log.last_entry_index() == 40  # old entries stay until the log restarts
+        # installing a snapshot past the log discards the whole log (issue 10 defect 6)
+        assert log.last_entry_index() == 100 and log.first_index() == 101
         with pytest.raises(LogGapError):
             log.append(entries("g", 102, 103, 3))
         log.append(entries("g", 101, 104, 3))
@@ -237,6 +238,44 @@ def test_snapshot_release_and_reset_after_snapshot_install(tmp_path: Path) -> No
         snap = log.latest_snapshot()
         assert snap is not None and snap.meta.index == 100 and snap.data == b"state@100"
         assert snap.meta.config == b"cfg2"
+
+
+def test_snapshot_installed_over_a_stale_log_discards_it_and_answers_its_own_term(
+        tmp_path: Path) -> None:
+    """Issue 10 defect 6: a follower holding stale entries (terms 1 and 2) at
+    and above the snapshot index installs the leader's snapshot at 30 (term
+    5). term(30) must be the snapshot's, and no stale entry may be served,
+    before or after a restart, or the follower rejects every append."""
+    cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 21, 1))
+        log.append(entries("g", 21, 41, 2))  # uncommitted entries of an old leader
+        m.sync()
+        log.save_snapshot(30, 5, b"cfg", b"leader-state@30")
+        assert log.term(30) == 5
+        assert log.last_index() == 30 and log.first_index() == 31
+        with pytest.raises((CompactedError, UnavailableError)):
+            log.entries(25, 26)
+        with pytest.raises(UnavailableError):
+            log.term(31)
+    with manager(tmp_path, cfg) as m:  # a crash before the next append changes nothing
+        log = m.open_group("g")
+        assert log.term(30) == 5 and log.last_index() == 30 and log.first_index() == 31
+        log.append(entries("g", 31, 35, 5))
+        m.sync()
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        assert read_all(log) == entries("g", 31, 35, 5)
+
+
+def test_local_snapshot_keeps_the_log_it_was_taken_from(tmp_path: Path) -> None:
+    with manager(tmp_path, TINY) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 21, 1))
+        m.sync()
+        log.save_snapshot(10, 1, b"cfg", b"state@10")
+        assert read_all(log) == entries("g", 1, 21, 1)
 
 
 def test_second_manager_on_same_directory_is_refused(tmp_path: Path) -> None:

@@ -137,6 +137,10 @@ class StorageMachine(RuleBasedStateMachine):
         idx = m.last + gap
         self.logs[g].save_snapshot(idx, m.max_term, b"c", b"installed")
         m.snap = (idx, m.max_term)
+        # the log does not hold the snapshot's entry: it is discarded, the log
+        # restarts after the snapshot (issue 10 defect 6)
+        m.log.clear()
+        m.first = idx + 1
 
     @rule(g=st.sampled_from(GROUPS), live=st.integers(0, 80))
     def release(self, g: str, live: int) -> None:
