@@ -223,3 +223,61 @@ async def test_random_schedule_never_confirms_a_message_that_is_not_enqueued(rig
         assert len(machine.bodies) == len(set(machine.bodies)), f"seed {seed}: enqueued twice"
         # the machine saw them in publish order
         assert machine.bodies == [b"m%d" % i for i in range(n)], f"seed {seed}"
+
+
+class _FakeQueue:
+    """A queue process whose submissions fail `fail` times (replaced by a new
+    leader, refused) before one is applied."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fail: int) -> None:
+        self.loop, self.fail, self.calls = loop, fail, 0
+        self.uid = ("/", "q", 1)
+        self.deleted = False
+
+    def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
+        self.calls += 1
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        if self.calls <= self.fail:
+            fut.set_exception(ProposalReplaced("new leader"))
+        else:
+            fut.set_result(qm.OK)
+        return fut
+
+
+class _FakeNode:
+    def __init__(self, q: _FakeQueue) -> None:
+        self.q: _FakeQueue | None = q
+        self._loop = asyncio.get_running_loop()
+
+    def live_queue(self, uid: Any) -> _FakeQueue | None:
+        return self.q
+
+
+async def test_settles_and_channel_down_are_resent_until_applied() -> None:
+    """Issue 10 defect 5: an ack (or a channel-down notice) whose proposal is
+    replaced by a new leader is re-sent, not dropped; once applied it is not
+    sent again; and it stops when the queue is gone."""
+    from broker.runtime.node import _ReliableCommand
+
+    loop = asyncio.get_running_loop()
+    q = _FakeQueue(loop, fail=3)
+    node = _FakeNode(q)
+    applied: list[int] = []
+    _ReliableCommand(node, q.uid, ["S", "ch", "tag", [1]], lambda: applied.append(1)).submit()  # type: ignore[arg-type]
+
+    async def wait() -> None:
+        while not applied:
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(wait(), 5)
+    assert q.calls == 4 and applied == [1]
+    await asyncio.sleep(0.05)
+    assert q.calls == 4
+
+    gone = _FakeQueue(loop, fail=10**6)
+    node2 = _FakeNode(gone)
+    _ReliableCommand(node2, gone.uid, ["S", "ch", "tag", [1]], None).submit()  # type: ignore[arg-type]
+    await asyncio.sleep(0.05)
+    node2.q = None  # deleted
+    calls = gone.calls
+    await asyncio.sleep(1.2)
+    assert gone.calls <= calls + 1
