@@ -21,6 +21,7 @@ groups `partitions`, `process`, `all`):
 | kill | kill -9 a node (the leader half the time), restart it at stop |
 | pause | SIGSTOP a node (the leader half the time), SIGCONT at stop |
 | rolling-restart | SIGTERM and restart every node, one after the other |
+| disk-full | fill the file system of one node's data directory (a 64 MiB tmpfs), free it at stop |
 | membership | add_member, delete_member, grow, shrink, drain (a leader's node drained = a leadership transfer), rebalance, in a loop |
 
 The schedule is a function of the seed; what the cluster does with it is
@@ -45,7 +46,7 @@ from .workers import History
 PARTITIONS = ("partition-halves", "partition-ring", "partition-bridge", "isolate-leader",
               "isolate-random", "one-way")
 PROCESS = ("kill", "pause", "rolling-restart")
-FAULTS = PARTITIONS + PROCESS
+FAULTS = PARTITIONS + PROCESS + ("disk-full",)
 ALL = FAULTS + ("membership",)
 GROUPS = {"partitions": PARTITIONS, "process": PROCESS, "all": ALL}
 
@@ -235,6 +236,13 @@ class Nemesis:
             self._event(kind, fid, "start", x, leader, x == leader)
             (self.c.kill if kind == "kill" else self.c.pause)(x)
             return x
+        if kind == "disk-full":
+            x = self.c.tmpfs_node
+            if x is None:
+                raise ValueError("disk-full needs a tmpfs node (RunConfig sets one up)")
+            self._event(kind, fid, "start", x, leader, False)
+            self.c.fill_disk()
+            return x
         if kind == "rolling-restart":
             self._event(kind, fid, "start", "all", leader, False)
             for i in range(self.c.n):
@@ -262,6 +270,8 @@ class Nemesis:
             self.c.restart(state, timeout=self.restart_timeout)
         elif kind == "pause" and state is not None:
             self.c.resume(state)
+        elif kind == "disk-full":
+            self.c.free_disk()
         self._event(kind, fid, "stop", state, None, False)
 
     def _event(self, kind: str, fid: Any, phase: str, value: Any, leader: int | None,

@@ -85,6 +85,16 @@ def remove_leftovers() -> list[str]:
                 pass
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
         removed.append(name)
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        mounts = []
+    for line in mounts:
+        parts = line.split()
+        m = re.search(r"/qxchaos-(\d+)-", parts[1]) if len(parts) > 1 else None
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            subprocess.run(["umount", "-l", parts[1]], capture_output=True)
+            removed.append(parts[1])
     out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     for m in _LINK_RE.finditer(out):
         if not _pid_alive(int(m.group(2))):
@@ -191,8 +201,13 @@ class ChaosCluster:
     """N brokers over a ChaosNet, each with its management API on, plus the
     process-level faults (kill -9, restart, SIGSTOP/SIGCONT)."""
 
-    def __init__(self, base: Path, n: int, extra_config: str = "") -> None:
+    def __init__(self, base: Path, n: int, extra_config: str = "",
+                 tmpfs_node: int | None = None, tmpfs_mb: int = 64) -> None:
         self.base = base
+        # one node's data directory on a small tmpfs, for the disk-full fault
+        self.tmpfs_node = tmpfs_node
+        self.tmpfs_mb = tmpfs_mb
+        self.mounted: list[Path] = []
         self.net = ChaosNet(n)
         self.n = n
         self.extra_config = extra_config
@@ -221,6 +236,11 @@ class ChaosCluster:
                                   + seeds + self.extra_config))
             for i in range(self.n)
         ]
+        if self.tmpfs_node is not None:
+            d = self.nodes[self.tmpfs_node].data_dir
+            d.mkdir(parents=True, exist_ok=True)
+            sh("mount", "-t", "tmpfs", "-o", f"size={self.tmpfs_mb}m", "qxchaos", str(d))
+            self.mounted.append(d)
         errors: list[BaseException] = []
 
         def run(node: BrokerProcess) -> None:
@@ -312,6 +332,37 @@ class ChaosCluster:
             except Exception:  # noqa: BLE001 - best effort
                 pass
         self.net.teardown()
+        for d in self.mounted:
+            subprocess.run(["umount", "-l", str(d)], capture_output=True)
+        self.mounted.clear()
+
+    # disk full (the tmpfs node only)
+    def _filler(self) -> Path:
+        assert self.tmpfs_node is not None
+        return self.nodes[self.tmpfs_node].data_dir / "chaos-filler"
+
+    def fill_disk(self) -> int:
+        """Fill the tmpfs node's file system; returns the bytes written."""
+        written = 0
+        chunk = b"\0" * (1 << 20)
+        with self._filler().open("ab") as f:
+            for _ in range(self.tmpfs_mb + 1):  # bounded: at most the file system's size
+                try:
+                    f.write(chunk)
+                    f.flush()
+                except OSError:
+                    break
+                written += len(chunk)
+            try:  # the last partial megabyte
+                for _ in range(1024):
+                    f.write(b"\0" * 1024)
+                    f.flush()
+            except OSError:
+                pass
+        return written
+
+    def free_disk(self) -> None:
+        self._filler().unlink(missing_ok=True)
 
     def wait_until(self, cond, timeout: float, what: str, step: float = 0.1) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout

@@ -193,8 +193,9 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
     run_id = f"n{cfg.nodes}-s{cfg.seed}-{cfg.variant}-{time.strftime('%Y%m%dT%H%M%S')}"
     rundir = out / run_id
     rundir.mkdir(parents=True, exist_ok=True)
-    data = Path(tempfile.mkdtemp(prefix=f"qxchaos-{run_id}-"))
-    cluster = ChaosCluster(data, cfg.nodes, extra_config=cfg.broker_config)
+    data = Path(tempfile.mkdtemp(prefix=f"qxchaos-{os.getpid()}-{run_id}-"))
+    cluster = ChaosCluster(data, cfg.nodes, extra_config=cfg.broker_config,
+                           tmpfs_node=cfg.seed % cfg.nodes if "disk-full" in kinds else None)
     history = History()
     values = Values()
     summary: dict[str, Any] = {"run": run_id, "commit": git_commit(), "config": asdict(cfg),
