@@ -272,11 +272,12 @@ async def observe_nodes(client: MgmtClient, target: Target,
 # ---------------------------------------------------------------- shared helpers
 
 
-def _lock(memo: kopf.Memo) -> asyncio.Lock:
-    if "lock" not in memo:
-        memo.lock = asyncio.Lock()
-    lock: asyncio.Lock = memo.lock
-    return lock
+def _lock(client: MgmtClient) -> asyncio.Lock:
+    """One change at a time per broker: the QuorumQueue/Policy handlers, their timers and
+    the StatefulSet's timer never run concurrent membership changes on a queue."""
+    if client.lock is None:
+        client.lock = asyncio.Lock()
+    return client.lock
 
 
 def _ready_reason(status: Mapping[str, Any]) -> str | None:
@@ -355,7 +356,7 @@ async def _reconcile_queue(body: kopf.Body, status: Mapping[str, Any], patch: ko
     desired = queue_desired(body)
     target = resolve(desired.broker, desired.namespace, brokers, credentials)
     client = client_for(memo, target)
-    async with _lock(memo):
+    async with _lock(client):
         nodes = await observe_nodes(client, target, broker_pods)
         view = await client.queue(desired.vhost, desired.name)
         observed = p.QueueObserved(queue_obs(view) if view else None, nodes)
@@ -422,7 +423,7 @@ async def queue_deleted(body: kopf.Body, status: kopf.Status, patch: kopf.Patch,
     async def work() -> None:
         target = resolve(desired.broker, desired.namespace, brokers, credentials)
         client = client_for(memo, target)
-        async with _lock(memo):
+        async with _lock(client):
             view = await client.queue(desired.vhost, desired.name)
             actions = p.plan_queue_delete(desired, queue_obs(view) if view else None)
             for a in actions:
@@ -452,7 +453,7 @@ async def _reconcile_policy(body: kopf.Body, status: Mapping[str, Any], patch: k
     desired: PolicyDesired = policy_desired(body)
     target = resolve(desired.broker, desired.namespace, brokers, credentials)
     client = client_for(memo, target)
-    async with _lock(memo):
+    async with _lock(client):
         current = await client.policy(desired.vhost, desired.name, desired.operator_policy)
         try:
             outcomes = await execute(client, p.plan_policy(desired, current))
@@ -512,7 +513,7 @@ async def policy_deleted(body: kopf.Body, status: kopf.Status, patch: kopf.Patch
     async def work() -> None:
         target = resolve(desired.broker, desired.namespace, brokers, credentials)
         client = client_for(memo, target)
-        async with _lock(memo):
+        async with _lock(client):
             exists = await client.policy(desired.vhost, desired.name,
                                          desired.operator_policy) is not None
             _record(body, await execute(client, p.plan_policy_delete(desired, exists)))
@@ -552,7 +553,7 @@ async def broker_cluster(body: kopf.Body, name: str, namespace: str, spec: kopf.
     pods = list(broker_pods.get((namespace, name), []))
     _track_disruption(memo, pods, now)
     try:
-        async with _lock(memo):
+        async with _lock(client):
             nodes = await observe_nodes(client, target, broker_pods)
             queues = tuple(queue_obs(v) for v in await client.queues())
             plan = p.plan_cluster(p.ClusterObserved(
@@ -560,6 +561,8 @@ async def broker_cluster(body: kopf.Body, name: str, namespace: str, spec: kopf.
                 pods_ready=sum(1 for _, _, ready in pods if ready), now=now,
                 disruption_at=memo.get("disruption_at"), settled_at=memo.get("settled_at"),
                 debounce=target.debounce, default_target=target.default_target))
+            logger.debug("pods %s, disruption at %s, settled at %s (now %s): plan %s", pods,
+                         memo.get("disruption_at"), memo.get("settled_at"), now, plan)
             outcomes = []
             for action in plan.actions:  # one failed queue must not stop the others
                 try:

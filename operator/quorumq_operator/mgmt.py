@@ -64,6 +64,7 @@ class MgmtClient:
         token = base64.b64encode(f"{endpoint.username}:{endpoint.password}".encode()).decode()
         self._headers = {"Authorization": f"Basic {token}", "Content-Type": "application/json"}
         self._session: aiohttp.ClientSession | None = None
+        self.lock: asyncio.Lock | None = None  # set by the handlers: one change at a time
 
     async def close(self) -> None:
         if self._session is not None:

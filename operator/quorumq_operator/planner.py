@@ -295,20 +295,20 @@ def plan_cluster(obs: ClusterObserved) -> ClusterPlan:
         target = q.target if q.target is not None else obs.default_target
         out += [a for a in membership_actions(q.vhost, q.name, q.members, target, obs.nodes,
                                               remove_gone=False)]
-    if out:
-        return ClusterPlan(out)
+    # Membership changes never hold back the rebalance (a queue that cannot grow must not
+    # starve it); they run first, the rebalance last, in the same pass.
     pending = obs.disruption_at is not None and (obs.settled_at is None
                                                  or obs.disruption_at > obs.settled_at)
     if not pending or obs.now - (obs.disruption_at or 0.0) < obs.debounce:
-        return ClusterPlan([])
+        return ClusterPlan(out)
     stable = (obs.pods_ready >= obs.replicas
               and all(n.running for n in obs.nodes if not n.gone))
     if not stable:
-        return ClusterPlan([])
+        return ClusterPlan(out)
     quorum = [q for q in obs.queues if q.type == "quorum"]
     if leaders_balanced(quorum, obs.nodes):
-        return ClusterPlan([], settled=True)
-    return ClusterPlan([Rebalance()], settled=True)
+        return ClusterPlan(out, settled=True)
+    return ClusterPlan(out + [Rebalance()], settled=True)
 
 
 # ---------------------------------------------------------------- status

@@ -235,14 +235,22 @@ def test_plan_cluster_scale_up_grows_queues_below_target_onto_the_new_pod() -> N
     # "small" is below the default target (3): its new member goes to the least loaded
     # node, the new (empty) pod d; "big" asks for 4: it grows onto d; "full" is at target.
     assert plan.actions == [p.AddMember("/", "small", "d"), p.AddMember("/", "big", "d")]
-    assert not plan.settled  # membership first, leaders on a later pass
+    assert plan.settled  # quiet for longer than the debounce, and leaders a/b/c are even
 
 
 def test_plan_cluster_scale_down_shrinks_nodes_gone_for_good() -> None:
     nodes = N3 + (node("d", running=False, ordinal=3, ready=False, gone=True),)
     queues = (q("x", ("a", "b", "d"), "a"), q("y", ABC, "b"))
-    plan = p.plan_cluster(cluster(queues, nodes))
+    plan = p.plan_cluster(cluster(queues, nodes, disruption=None))
     assert plan.actions == [p.ShrinkNode("d"), p.AddMember("/", "x", "c")]
+
+
+def test_plan_cluster_a_queue_below_target_does_not_starve_the_rebalance() -> None:
+    stuck = q("stuck", ("a",), "a", target=3)  # its adds may fail every pass
+    nodes = (node("a"), node("b"), node("c"))
+    plan = p.plan_cluster(cluster(ALL_ON_A + (stuck,), nodes))
+    assert plan.actions[-1] == p.Rebalance() and plan.settled
+    assert p.AddMember("/", "stuck", "b") in plan.actions
 
 
 def test_leaders_balanced_bound() -> None:
