@@ -22,7 +22,7 @@ groups `partitions`, `process`, `all`):
 | pause | SIGSTOP a node (the leader half the time), SIGCONT at stop |
 | rolling-restart | SIGTERM and restart every node, one after the other |
 | disk-full | fill the file system of one node's data directory (a 64 MiB tmpfs), free it at stop |
-| membership | add_member, delete_member, grow, shrink, drain (a leader's node drained = a leadership transfer), rebalance, in a loop |
+| membership | add_member, delete_member, grow, shrink, drain, transfer (`POST /api/nodes/{leader}/hand-off-leaders`), rebalance, in a loop |
 
 The schedule is a function of the seed; what the cluster does with it is
 not (real processes and clocks), so a replay repeats the faults, not the
@@ -326,6 +326,8 @@ class Nemesis:
             return
         nonmembers = [i for i in range(self.c.n) if i not in members]
         ops = ["rebalance"]
+        if leader is not None:
+            ops += ["transfer", "transfer"]  # leadership transfer in a loop
         if nonmembers:
             ops += ["add_member", "grow"]
         if len(members) > 2:
@@ -355,6 +357,11 @@ class Nemesis:
             # the leader's node half the time: a leadership transfer, then a move
             x = leader if leader is not None and rng.random() < 0.5 else rng.choice(members)
             req = ("POST", f"/api/nodes/{q(self.names[x])}/drain", {})
+        elif op == "transfer":
+            # every leadership the leader's node holds moves to another member
+            x = leader
+            assert x is not None
+            req = ("POST", f"/api/nodes/{q(self.names[x])}/hand-off-leaders", {})
         else:
             x = None
             req = ("POST", "/api/quorum-queues/rebalance", {})
