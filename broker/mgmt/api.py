@@ -982,7 +982,7 @@ async def hand_off_leaders(request: web.Request) -> web.StreamResponse:
 async def forget_node(request: web.Request) -> web.Response:
     """`DELETE /api/nodes/{node}`: a drained node leaves the cluster for good
     (removed from the metadata group). Only the metadata leader does it; others
-    answer 503 naming the leader."""
+    answer 409 naming the leader."""
     c = ctx(request)
     c.need_admin()
     target = known_node(c.node, request.match_info["node"])

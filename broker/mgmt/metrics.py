@@ -133,6 +133,10 @@ class NodeCollector(Collector):
         is_leader = g("qq_raft_is_leader", "1 when this node's member leads the queue")
         members = g("qq_queue_members", "Members of the quorum queue")
         online = g("qq_queue_members_online", "Members of the quorum queue on running nodes")
+        dlx = g("qq_queue_messages_dlx",
+                "At-least-once dead letters waiting for their targets' confirms")
+        dlx_b = g("qq_queue_messages_dlx_bytes",
+                  "Bytes of at-least-once dead letters waiting for their targets' confirms")
         seg_bytes = g("qq_segment_bytes", "Bytes in this member's segment files")
         seg_files = g("qq_segment_files", "Segment files of this member")
         leader_changes = c("qq_raft_leader_changes",
@@ -155,6 +159,9 @@ class NodeCollector(Collector):
                 ready_b.add_metric(labels, ov.get("message_bytes_ready", 0))
                 unacked_b.add_metric(labels, ov.get("message_bytes_unacknowledged", 0))
                 consumers.add_metric(labels, ov.get("consumers", 0))
+                if group is not None:
+                    dlx.add_metric(labels, ov.get("messages_dlx", 0))
+                    dlx_b.add_metric(labels, ov.get("message_bytes_dlx", 0))
             if group is None:
                 continue
             st = group.node.status()
@@ -180,7 +187,7 @@ class NodeCollector(Collector):
             seg_files.add_metric(labels, len(files))
             if sampler is not None:
                 leader_changes.add_metric(labels, sampler.leader_changes.get((vh, name), 0))
-        yield from (ready, unacked, total, ready_b, unacked_b, consumers, term, commit, applied,
+        yield from (ready, unacked, total, ready_b, unacked_b, consumers, dlx, dlx_b, term, commit, applied,
                     written, snap, latency, is_leader, members, online, seg_bytes, seg_files,
                     leader_changes)
 

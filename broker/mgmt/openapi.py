@@ -133,6 +133,7 @@ SCHEMAS: dict[str, Any] = {
                   "messages": _INT, "messages_ready": _INT, "messages_unacknowledged": _INT,
                   "consumers": _INT, "message_bytes_ready": _INT,
                   "message_bytes_unacknowledged": _INT, "counts_known": _BOOL,
+                  "messages_dlx": _INT, "message_bytes_dlx": _INT,
                   "delivery_limit": {"type": "integer", "nullable": True}}},
     "QueueDeclaration": {
         "type": "object", "additionalProperties": False,
@@ -243,7 +244,7 @@ PATHS: dict[str, Any] = {
     "/api/nodes/{node}": {
         "get": _op("one node", {"200": _json(_ref("Node"), "node")}, ("node",)),
         "delete": _op("remove a drained node from the cluster (metadata leader only; others "
-                      "answer 503 naming the leader)", {"204": _NO_CONTENT, "503": _ERR}, ("node",))},
+                      "answer 409 naming the leader)", {"204": _NO_CONTENT, "503": _ERR}, ("node",))},
     "/api/nodes/{node}/hand-off-leaders": {"post": _long(
         "move a node's quorum-queue leaderships (and its own metadata leadership) to other "
         "online members", "Empty", ("node",))},

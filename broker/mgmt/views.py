@@ -132,6 +132,10 @@ def queue_view(node: Any, record: md.QueueRecord, counts: dict[str, Any] | None)
     }
     if record.type == "quorum" and counts is not None and c.get("delivery_limit") is not None:
         out["delivery_limit"] = c["delivery_limit"]
+    if record.type == "quorum":
+        # at-least-once dead letters waiting for the targets' confirms (4.x names)
+        out["messages_dlx"] = int(c.get("messages_dlx", 0))
+        out["message_bytes_dlx"] = int(c.get("message_bytes_dlx", 0))
     return out
 
 

@@ -307,7 +307,8 @@ class Membership:
             raise MembershipError(409, "a node cannot remove itself from the cluster: hand its "
                                        "metadata leadership away and ask the new leader")
         if not g.is_leader:
-            raise MembershipError(503, f"not the metadata leader; ask '{g.leader or 'unknown'}'")
+            # 409, not 5xx: the request is fine, this node is the wrong one to ask.
+            raise MembershipError(409, f"not the metadata leader; ask '{g.leader or 'unknown'}'")
         held = sorted(f"'{r.name}' in vhost '{r.vhost}'" for r in self.node.meta.state.queues.values()
                       if node_name in r.members)
         if held:

@@ -33,6 +33,7 @@ from broker.raft import RaftConfig
 
 from .amqp_server import AmqpConnection, reply_detail
 from .cluster import Cluster, NotLeaderHere
+from .dead_letter import dead_letter_message, dl_cycle
 from .definitions import DefinitionsError, load_definitions_file
 from .errors import QueueGone
 from .membership import Membership
@@ -848,48 +849,22 @@ class Node:
     def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
                     messages: list[tuple[Message, dict[str, Any]]]) -> None:
         """At-most-once dead lettering: republish with x-death headers, no confirms."""
-        from broker.amqp import codec as acodec
-
-        for (props_raw, body, orig_exchange, orig_rk), death in messages:
-            rk = routing_key if routing_key is not None else orig_rk
-            props = acodec.decode_properties(props_raw)
-            headers = dict(props.headers or {})
-            headers = qm.x_death_headers(
-                headers, queue=death["queue"], reason=qm.DeadLetterReason(death["reason"]),
-                exchange=orig_exchange, routing_keys=[orig_rk], time_ms=int(time.time() * 1000),
-                expiration=props.expiration)
-            props.headers = headers
-            props.expiration = None  # RabbitMQ moves it to x-death's original-expiration
-            new_raw = acodec.encode_properties(props)
+        for msg, death in messages:
+            props, body, rk, headers, priority = dead_letter_message(msg, death, routing_key)
             routed = md.route(self.meta.state, md.VhostName(vhost), exchange, rk, headers)
             if isinstance(routed, md.MetadataError):
                 continue
             if death["reason"] != "rejected":  # RabbitMQ drops automatic cycles
-                routed = [q for q in routed if not _dl_cycle(q, headers.get("x-death"))]
+                routed = [q for q in routed if not dl_cycle(q, headers.get("x-death"))]
             for qname in routed:
                 target = self.queue(vhost, qname)
                 if target is None or target.deleted:
                     continue
                 try:
-                    fut = target.enqueue(None, 0, new_raw, body, exchange, rk, props.priority, None)
+                    fut = target.enqueue(None, 0, props, body, exchange, rk, priority, None)
                     fut.add_done_callback(_log_failure)
                 except Exception as exc:
                     log.warning("dead letter to %s failed: %s", qname, exc)
-
-
-def _dl_cycle(queue: str, deaths: Any) -> bool:
-    """rabbit_dead_letter's cycle check: dead lettering into `queue` cycles if
-    the message already died there (x-death, newest first, including this
-    death) and no death since then was a rejection (a client's decision)."""
-    def text(v: Any) -> Any:
-        return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-
-    since: list[Any] = []
-    for d in deaths if isinstance(deaths, list) else []:
-        if isinstance(d, dict) and text(d.get("queue")) == queue:
-            return all(text(x.get("reason")) != "rejected" for x in [*since, d])
-        since.append(d if isinstance(d, dict) else {})
-    return False
 
 
 def _qq_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
 from . import wire
+from .dead_letter import DlxWorker
 from .raft_group import RaftGroup, encode_membership
 
 if TYPE_CHECKING:
@@ -212,8 +213,13 @@ class QueueProcess:
                 c = self.consumers.pop(eff.consumer, None)  # type: ignore[union-attr]
                 if c is not None:
                     c.cancelled_by_server()
-            # ActiveConsumerChanged / DeadLetterDeliver: see docs (at-least-once worker
-            # is not run yet; its messages stay in the queue, nothing is lost).
+            elif t is qe.DeadLetterDeliver:
+                self._dlx_deliver(eff)  # type: ignore[arg-type]
+            # ActiveConsumerChanged: nothing to do (the channel learns from deliveries).
+
+    def _dlx_deliver(self, eff: qe.DeadLetterDeliver) -> None:
+        """At-least-once dead letters handed to this leader's worker (see
+        runtime/dead_letter.py); only quorum queues run one."""
 
     def _deliver(self, eff: qe.Deliver) -> None:
         consumer = self.consumers.get(eff.consumer)
@@ -405,6 +411,9 @@ class QuorumQueue(QueueProcess):
         )
         self.applied_since_snapshot = 0
         self.snapshot_every = 20_000
+        # The at-least-once dead-letter worker, while this member leads and the
+        # queue's strategy is at-least-once (runtime/dead_letter.py).
+        self._dlx: DlxWorker | None = None
 
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         if self.group.role is Role.LEADER:
@@ -454,11 +463,6 @@ class QuorumQueue(QueueProcess):
         _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
         return (props, body, exchange, rk)
 
-    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
-        self._replaying = index <= self._recovered_index
-        reply = super()._apply_payload(index, term, ts, payload)
-        self.applied_since_snapshot += 1
-        return reply
 
     def _release(self, eff: qe.ReleaseCursor) -> None:
         """Snapshot the state as of `eff.index` (the entry being applied: the
@@ -514,7 +518,34 @@ class QuorumQueue(QueueProcess):
         doc["bodies"] = bodies
         return wire.pack(doc)
 
+    def _dlx_deliver(self, eff: qe.DeadLetterDeliver) -> None:
+        if self._dlx is not None and not self._replaying:
+            self._dlx.deliver(eff)
+
+    def _sync_dlx_worker(self) -> None:
+        """Run the dead-letter worker exactly while leading an at-least-once queue."""
+        cfg = self.state.config
+        want = (self.is_leader and not self.deleted and cfg.at_least_once
+                and cfg.dead_letter_exchange is not None)
+        if want and self._dlx is None:
+            self._dlx = DlxWorker(self.host, self, self.command)  # type: ignore[arg-type]
+            self._dlx.attach()
+        elif not want and self._dlx is not None:
+            self._dlx.stop()
+            self._dlx = None
+
+    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
+        self._replaying = index <= self._recovered_index
+        reply = QueueProcess._apply_payload(self, index, term, ts, payload)
+        self.applied_since_snapshot += 1
+        if payload[0] == "C" and (self._dlx is not None or self.state.config.at_least_once):
+            self._sync_dlx_worker()  # a policy may have changed the strategy
+        return reply
+
     def _role_changed(self, role: Role, leader: NodeId | None) -> None:
+        if role is not Role.LEADER and self._dlx is not None:
+            self._dlx.stop()
+            self._dlx = None
         if role is Role.LEADER:
             self._loop.call_soon(self._when_caught_up)
         if self._on_role is not None:
@@ -541,6 +572,7 @@ class QuorumQueue(QueueProcess):
             return
         self.reap_dead_channels()
         self.redeliver_checked_out()
+        self._sync_dlx_worker()
         if self.state.timer_at is not None:
             self._set_timer(0)
         self.host.leader_elected(self.vhost, self.name)
@@ -563,6 +595,9 @@ class QuorumQueue(QueueProcess):
 
     def close(self) -> None:
         super().close()
+        if self._dlx is not None:
+            self._dlx.stop()
+            self._dlx = None
         self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
 
     def storage_accounting(self) -> dict[str, Any]:

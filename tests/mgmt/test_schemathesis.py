@@ -44,7 +44,8 @@ def _schemathesis() -> str:
 #: authenticates as, deleting the vhost the dictionary points at): fuzzed in a
 #: second run with random names only.
 DESTRUCTIVE = ("putUsersByUser", "deleteUsersByUser", "deleteVhostsByVhost",
-               "putPermissionsByVhostByUser", "deletePermissionsByVhostByUser")
+               "putPermissionsByVhostByUser", "deletePermissionsByVhostByUser",
+               "deleteNodesByNode")  # would remove a cluster node the run uses
 
 
 def _run(args: list[str], cwd: Path) -> int:
