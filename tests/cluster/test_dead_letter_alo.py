@@ -6,8 +6,6 @@ as messages_dlx) until it exists; leadership moving mid-way loses nothing.
 """
 from __future__ import annotations
 
-import asyncio
-
 import aio_pika
 import pytest
 
