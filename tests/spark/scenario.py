@@ -4,8 +4,8 @@ files, and a workload that leaves every kind of disk usage behind (seeded).
 - `orders`: 400 messages; the first 10 stay unacknowledged by a consumer
   that keeps its channel open, the rest are acknowledged: after snapshots,
   the old segments are pinned by those 10.
-- `dlx-src`: at-least-once dead lettering (the runtime keeps such messages in
-  the source queue): 30 rejected messages stay there, held by dead-lettering.
+- `dlx-src`: at-least-once dead lettering to a missing target queue: 30
+  rejected messages stay in the source queue, held by dead-lettering.
 - `churn`: 300 messages, all acknowledged: nothing live.
 - `shrunk`: its member on rabbit-2 is deleted (the runtime deletes its log).
 - `gone`: deleted while rabbit-3 is stopped (second phase): its directory on
@@ -26,7 +26,9 @@ CONFIG = ("raft.segment_max_entries = 16\n"
           "raft.wal_max_size_bytes = 65536\n"
           "raft.snapshot_interval = 64\n")
 QQ = {"x-queue-type": "quorum"}
-DLX_ARGS = {**QQ, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlx-target",
+# Dead letters go to a queue that does not exist: the at-least-once worker
+# keeps retrying, so they stay in the source queue, pinning its segments.
+DLX_ARGS = {**QQ, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dlx-nowhere",
             "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 
 
