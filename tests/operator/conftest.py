@@ -111,6 +111,8 @@ class KubeApi:
                                             verbs=all_verbs)
             k.resources["v1/secrets"] = info(kind="Secret", singular="secret", namespaced=True,
                                              verbs=all_verbs)
+            k.resources["v1/configmaps"] = info(kind="ConfigMap", singular="configmap",
+                                                namespaced=True, verbs=all_verbs)
             k.resources["v1/pods"] = info(kind="Pod", singular="pod", namespaced=True,
                                           verbs=all_verbs, subresources={"status"})
             k.resources["apps/v1/statefulsets"] = info(kind="StatefulSet", singular="statefulset",
@@ -176,7 +178,8 @@ class KubeApi:
                 if name is None or e.get("involvedObject", {}).get("name") == name]
 
 
-PLURALS = {"Secret": "secrets", "Pod": "pods", "StatefulSet": "statefulsets",
+PLURALS = {"Secret": "secrets", "ConfigMap": "configmaps", "Pod": "pods",
+           "StatefulSet": "statefulsets",
            "QuorumQueue": "quorumqueues", "Policy": "policies", "Event": "events"}
 
 
