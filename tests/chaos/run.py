@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps({k2: s.get(k2) for k2 in (
                 "run", "commit", "valid", "ops", "attempted", "confirmed", "unknown",
                 "dequeued", "lost_count", "unexpected_count", "duplicated_count",
-                "recovered_count", "dead_lettered", "expired_maybe_dropped_count",
+                "recovered_count", "stuck_until_restart_count", "dead_lettered",
+                "expired_maybe_dropped_count",
                 "max_no_confirm_after_leader_cut_s", "longest_confirm_gap_s",
                 "nemesis_ops", "membership_ops", "drain_complete", "elapsed_s", "results",
                 "replay")} | {"seed": cfg.seed, "nodes": cfg.nodes, "nemesis": cfg.nemesis,

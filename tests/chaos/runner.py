@@ -300,6 +300,7 @@ def one_line(s: dict[str, Any]) -> str:
             f"confirmed={s.get('confirmed')} unknown={s.get('unknown')} "
             f"lost={s.get('lost_count')} unexpected={s.get('unexpected_count')} "
             f"dup={s.get('duplicated_count')} recovered={s.get('recovered_count')} "
+            f"stuck_until_restart={s.get('stuck_until_restart_count')} "
             f"max_no_confirm_after_leader_cut={s.get('max_no_confirm_after_leader_cut_s')}s "
             f"longest_gap={s.get('longest_confirm_gap_s')}s nemesis_ops={s.get('nemesis_ops')} "
             f"drain_complete={s.get('drain_complete')} elapsed={s.get('elapsed_s')}s")
