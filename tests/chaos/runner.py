@@ -105,15 +105,21 @@ def _declare(cluster: ChaosCluster, cfg: RunConfig, timeout: float = 60.0) -> No
 
 
 def _counts(cluster: ChaosCluster, queue: str) -> dict[str, Any] | None:
-    """The queue's counts (messages = ready + unacknowledged) as some live
-    node knows them, or None."""
+    """The queue's counts (messages = ready + unacknowledged) as its leader
+    reports them (a follower's replica may lag), else as any live node knows
+    them, or None."""
+    names = cluster.names()
+    fallback = None
     for i in cluster.alive():
         st, body = http("GET", f"{cluster.mgmt_url(i)}/api/queues/%2F/{q(queue)}", timeout=10.0)
         if st == 200 and isinstance(body, dict) and body.get("counts_known"):
-            return {k: body.get(k) for k in ("messages", "messages_ready",
-                                             "messages_unacknowledged", "consumers", "leader",
-                                             "members", "online")} | {"asked": i}
-    return None
+            out = {k: body.get(k) for k in ("messages", "messages_ready", "messages_unacknowledged",
+                                            "consumers", "leader", "members", "online")}
+            out["asked"] = i
+            if body.get("leader") == names[i]:
+                return out
+            fallback = fallback or out
+    return fallback
 
 
 def drain(cluster: ChaosCluster, history: History, queue: str, kind: str,
