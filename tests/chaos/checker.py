@@ -158,14 +158,14 @@ def confirm_gaps(events: list[dict[str, Any]], invoked: dict[int, dict[str, Any]
         else:
             gaps.append({"fault": e["f"], "at": round(t0, 3),
                          "gap_s": round((end if end is not None else t0) - t0, 3), "open": True})
-    client_span = [e["t"] for e in events if e.get("f") in ("enqueue",)]
+    client_span = [e["t"] for e in events if e.get("f") == "enqueue"]
     longest = 0.0
-    if confirm_times and client_span:
-        ts = sorted(confirm_times)
+    if client_span:
         prev = min(client_span)
-        for t in ts:
+        # ...up to the last publish attempt: a queue that never confirms again counts
+        for t in [*sorted(confirm_times), max(client_span)]:
             longest = max(longest, t - prev)
-            prev = t
+            prev = max(prev, t)
     return {
         "leader_cut_faults": len(gaps),
         "max_no_confirm_after_leader_cut_s": max((g["gap_s"] for g in gaps), default=None),

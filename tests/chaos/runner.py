@@ -178,6 +178,20 @@ def drain(cluster: ChaosCluster, history: History, queue: str, kind: str,
             "complete": complete, "errors": errors[-20:]}
 
 
+def node_errors(cluster: ChaosCluster, limit: int = 50) -> list[str]:
+    """ERROR lines of the brokers' logs (first `limit`), as `n<i>: <line>`."""
+    out: list[str] = []
+    for i, nd in enumerate(cluster.nodes):
+        try:
+            text = nd.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if " ERROR " in line and len(out) < limit:
+                out.append(f"n{i}: {line[:300]}")
+    return out
+
+
 def wait_for_leader(nem: Nemesis, timeout: float) -> float | None:
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -263,6 +277,14 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
         summary["worker_errors"] = {w.process: dict(w.errors) for w in workers}
         summary["worker_crashes"] = [f"{w.process}: {w.crashed!r}" for w in workers if w.crashed]
         summary["drain_complete"] = all(d["complete"] for d in summary["drain"])
+        final = summary.get("drain_after_restart", summary["drain"])
+        summary["drain_complete_after_restart"] = all(d["complete"] for d in final)
+        summary["node_errors"] = node_errors(cluster)
+        summary["groups_stopped"] = sum("stopped by an unexpected error" in x
+                                        for x in summary["node_errors"])
+        # valid = the checker's verdict; healthy = every queue drained (a full
+        # restart allowed) and no Raft group stopped on a broken invariant
+        summary["healthy"] = summary["drain_complete_after_restart"] and not summary["groups_stopped"]
         # confirmed values that only a full restart brought back: stuck, not lost
         only_after: dict[Any, bool] = {}
         for e in history.events:
@@ -301,7 +323,8 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
 
 def one_line(s: dict[str, Any]) -> str:
     cfg = s.get("config", {})
-    return (f"{'VALID  ' if s.get('valid') else 'INVALID'} nodes={cfg.get('nodes')} "
+    return (f"{'VALID  ' if s.get('valid') else 'INVALID'} "
+            f"{'healthy' if s.get('healthy') else 'UNHEALTHY'} nodes={cfg.get('nodes')} "
             f"seed={cfg.get('seed')} variant={cfg.get('variant')} ops={s.get('ops')} "
             f"confirmed={s.get('confirmed')} unknown={s.get('unknown')} "
             f"lost={s.get('lost_count')} unexpected={s.get('unexpected_count')} "
@@ -309,4 +332,5 @@ def one_line(s: dict[str, Any]) -> str:
             f"stuck_until_restart={s.get('stuck_until_restart_count')} "
             f"max_no_confirm_after_leader_cut={s.get('max_no_confirm_after_leader_cut_s')}s "
             f"longest_gap={s.get('longest_confirm_gap_s')}s nemesis_ops={s.get('nemesis_ops')} "
-            f"drain_complete={s.get('drain_complete')} elapsed={s.get('elapsed_s')}s")
+            f"drain_complete={s.get('drain_complete')} groups_stopped={s.get('groups_stopped')} "
+            f"elapsed={s.get('elapsed_s')}s")

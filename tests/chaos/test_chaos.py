@@ -45,8 +45,9 @@ def test_chaos_schedule(name: str) -> None:
     assert s["ops"] > 100 and s["confirmed"] > 50, f"too little traffic to prove anything: {one_line(s)}"
     assert s["nemesis_ops"] - s["membership_ops"] >= 1 and s["membership_ops"] >= 1, (
         f"the nemesis did next to nothing: {one_line(s)}")
-    assert s["valid"], (
-        f"chaos schedule {name} (seed {cfg.seed}) lost confirmed messages or delivered unexpected "
-        f"ones:\n{one_line(s)}\nlost (first): {s['lost'][:30]}\nunexpected: {s['unexpected'][:30]}\n"
+    assert s["valid"] and s["healthy"], (
+        f"chaos schedule {name} (seed {cfg.seed}) lost confirmed messages, delivered unexpected "
+        f"ones, left messages undrainable or stopped a Raft group:\n{one_line(s)}\n"
+        f"node errors (first): {s['node_errors'][:5]}\nlost (first): {s['lost'][:30]}\nunexpected: {s['unexpected'][:30]}\n"
         f"details: {json.dumps(s['lost_details'][:5], default=str)}\n"
         f"results: {s['results']}\nreplay:  {s['replay']}")
