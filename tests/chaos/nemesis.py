@@ -298,7 +298,9 @@ class Nemesis:
                     self._event(kind, fid, "stop", f"error: {exc!r}"[:300], None, False)
             if kinds != ["rolling-restart"]:
                 self.stop_event.wait(hold)
-            for kind, fid, state in reversed(active):
+            # disk and network first: a node restarted by the kill's stop needs them
+            order = {"disk-full": 0, **dict.fromkeys(PARTITIONS, 1)}
+            for kind, fid, state in sorted(active, key=lambda a: order.get(a[0], 2)):
                 if kind == "rolling-restart":
                     self._event(kind, fid, "stop", "all", None, False)
                     continue

@@ -299,6 +299,8 @@ class ChaosCluster:
         """Remove every cut, resume paused nodes, restart dead ones (all at
         once: a node alone may wait for a quorum of its peers to start)."""
         self.net.heal()
+        if self.tmpfs_node is not None:
+            self.free_disk()  # before any restart: recovery needs room
         for i in list(self.paused):
             self.resume(i)
         for i, nd in enumerate(self.nodes):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         parse_kinds(a.nemesis)
     except ValueError as exc:
         p.error(str(exc))
+    # SIGTERM (and SIGINT, even when a background shell ignored it) end the
+    # current run through its clean-up: brokers killed, namespaces deleted
+    def _stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     bad = 0

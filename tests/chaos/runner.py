@@ -241,7 +241,10 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
         stop.wait(cfg.duration)
         nem.stop()
         history.add(process="runner", type="info", f="nemesis-stopped", value=None)
-        cluster.heal_all()
+        try:
+            cluster.heal_all()
+        except Exception as exc:  # noqa: BLE001 - a node that cannot restart is a finding
+            summary["heal_error"] = repr(exc)[:2000]
         history.add(process="runner", type="info", f="healed", value=None)
         summary["leader_after_heal_s"] = wait_for_leader(nem, 90.0)
         stop.set()
@@ -258,7 +261,10 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
             history.add(process="runner", type="info", f="restart-all-for-stuck", value=None)
             for nd in cluster.nodes:
                 nd.stop()
-            cluster.heal_all()
+            try:
+                cluster.heal_all()
+            except Exception as exc:  # noqa: BLE001
+                summary["restart_error"] = repr(exc)[:2000]
             summary["leader_after_restart_s"] = wait_for_leader(nem, 90.0)
             summary["drain_after_restart"] = [
                 drain(cluster, history, qn, kind, cfg.drain_timeout, process="drain-after-restart")
