@@ -160,6 +160,13 @@ class ChannelDown:
 
     channel: ChannelRef
     keep_publisher: bool = False
+    #: Messages the channel actually delivered to its client, per consumer tag
+    #: ((tag, (msg ids...)), ...): only their return counts as a failed
+    #: delivery (towards the delivery limit). A message checked out to the
+    #: channel but never delivered (its consume was applied after the channel
+    #: had closed) returns uncounted. None: not known (the channel's node is
+    #: gone), every return counts.
+    delivered: tuple[tuple[str, tuple[int, ...]], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +247,8 @@ def decode_command(data: dict[str, Any]) -> Command:
                 v = CreditMode(v)
             elif f.name == "msg_ids":
                 v = tuple(v)
+            elif f.name == "delivered" and v is not None:
+                v = tuple((str(tag), tuple(int(i) for i in ids)) for tag, ids in v)
             kwargs[f.name] = v
         cmd: Command = cls(**kwargs)
         return cmd

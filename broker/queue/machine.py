@@ -520,10 +520,13 @@ def _after_consumer_change(st: QueueState, c: Consumer, now: int,
             _sac_maybe_hand_over(st, c, effects)
 
 
-def _consumer_gone(st: QueueState, c: Consumer, now: int, effects: list[Effect]) -> None:
-    """Consumer/channel down: return everything it holds and remove it."""
-    for rec in c.checked.values():
-        _return_one(st, rec, True)
+def _consumer_gone(st: QueueState, c: Consumer, now: int, effects: list[Effect],
+                   delivered: frozenset[int] | None = None) -> None:
+    """Consumer/channel down: return everything it holds and remove it. Each
+    return counts as a failed delivery, except for messages known not to have
+    reached the client (`delivered` given and not holding their msg id)."""
+    for msg_id, rec in c.checked.items():
+        _return_one(st, rec, delivered is None or msg_id in delivered)
     c.checked.clear()
     was_active = st.sac_active == c.cid
     if c.status == WAITING:
@@ -906,8 +909,10 @@ def _channel_down(meta: Meta, cmd: ChannelDown, st: QueueState) -> tuple[Reply, 
     effects: list[Effect] = []
     if not cmd.keep_publisher:
         st.publishers.pop(cmd.channel, None)
+    known = dict(cmd.delivered) if cmd.delivered is not None else None
     for c in [c for c in st.consumers.values() if c.cid.channel == cmd.channel]:
-        _consumer_gone(st, c, meta.timestamp_ms, effects)
+        ids = None if known is None else frozenset(known.get(c.cid.tag, ()))
+        _consumer_gone(st, c, meta.timestamp_ms, effects, ids)
     _checkout(st, meta.timestamp_ms, effects)
     return OK, effects
 

@@ -144,6 +144,7 @@ class Channel:
         # are told ChannelDown when it closes.
         self.touched: dict[QueueUid, QueueProcess] = {}
         self.tx = False
+        self._task: asyncio.Task[Any] | None = None  # the method being waited for
         self.tx_publishes: list[ev.Publish] = []
         self.tx_acks: list[Any] = []
 
@@ -181,10 +182,12 @@ class Channel:
         """Run an async method; the channel handles nothing else until it is done."""
         self.busy = True
         task = asyncio.ensure_future(coro)
+        self._task = task
         task.add_done_callback(self._async_done)
 
     def _async_done(self, task: asyncio.Task[Any]) -> None:
         self.busy = False
+        self._task = None
         exc = task.exception() if not task.cancelled() else None
         if isinstance(exc, ChannelError):
             self.conn.channel_failed(self, exc)
@@ -731,15 +734,30 @@ class Channel:
         if self.closed:
             return
         self.closed = True
+        if self._task is not None and not self._task.done():
+            # A consume or get still waiting (e.g. the queue has no leader)
+            # must not be applied after this channel is gone: its deliveries
+            # would go nowhere and each ChannelDown would count them as a
+            # failed delivery (towards the delivery limit).
+            self._task.cancel()
         self.flush_settles()
         for session in self.sessions.values():
             session.close()
         self.sessions.clear()
+        # What this channel really delivered, per queue and consumer: only
+        # those returns count as failed deliveries (see qm.ChannelDown).
+        delivered: dict[QueueUid, dict[str, set[int]]] = {}
+        for c in self.consumers.values():
+            delivered.setdefault(c.queue.uid, {}).setdefault(c.tag, set()).update(c.outstanding)
+        for q, cid, msg_id, *_ in self.unacked.values():
+            delivered.setdefault(q.uid, {}).setdefault(cid.tag, set()).add(msg_id)
         for c in self.consumers.values():
             c.queue.remove_consumer(c.cid)
         self.consumers.clear()
-        down = ["C", qm.encode_command(qm.ChannelDown(self.ref))]
         for uid in list(self.touched):
+            per_tag = delivered.get(uid, {})
+            down = ["C", qm.encode_command(qm.ChannelDown(self.ref, delivered=tuple(
+                (tag, tuple(sorted(ids))) for tag, ids in sorted(per_tag.items()))))]
             # Reliable: until applied, the channel's messages stay checked out.
             self.node.queue_command_reliable(uid, down)
             q = self.node.live_queue(uid)

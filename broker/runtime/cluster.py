@@ -216,7 +216,10 @@ class Cluster:
         gen = self.transport.generation(leader)
         if gen < 0:
             return
-        for r in pending.values():
+        for r in list(pending.values()):
+            if r.future.done():  # cancelled by its channel, or answered: never re-sent
+                self._finish(r)
+                continue
             r.target = leader
             self._send_request(r, gen)
 

@@ -373,8 +373,11 @@ class Node:
         prefix = channel.split("/", 1)[0]
         node = prefix.split("|", 1)[0]
         if node == self.node_name:
-            return prefix != self.incarnation and not any(
-                ch.ref == channel for c in self.connections for ch in c.channels.values())
+            # Here: gone unless one of this node's open channels has that ref
+            # (a consume applied after its channel closed leaves a consumer
+            # nobody else would ever remove).
+            return not any(ch.ref == channel and not ch.closed
+                           for c in self.connections for ch in c.channels.values())
         if self.cluster is None:
             return True
         live = self.cluster.incarnations.get(node)

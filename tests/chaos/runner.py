@@ -76,7 +76,10 @@ def git_commit() -> str:
 
 
 def queue_args(cfg: RunConfig) -> dict[str, Any]:
-    args: dict[str, Any] = {"x-queue-type": "quorum"}
+    # No delivery limit: past it a message is dropped by design (RabbitMQ 4.x
+    # poison-message handling), which a total-queue checker cannot tell from a
+    # loss. Consumers failing through partitions and kills would reach it.
+    args: dict[str, Any] = {"x-queue-type": "quorum", "x-delivery-limit": -1}
     if cfg.variant in ("ttl-amo", "ttl-alo"):
         args.update({"x-message-ttl": cfg.ttl_ms, "x-dead-letter-exchange": "",
                      "x-dead-letter-routing-key": cfg.dlq})

@@ -353,3 +353,23 @@ def test_record_carries_an_expiry_above_the_index() -> None:
     r = pack(2**40 + 3, 77, 123_456)
     assert (rec_index(r), r & 0xFFFFFFFF, rec_expiry(r)) == (2**40 + 3, 77, 123_456)
     assert rec_expiry(pack(5, 1)) is None and rec_expiry(pack(5, 1, 0)) == 0
+
+
+def test_channel_down_counts_only_deliveries_that_reached_the_client() -> None:
+    """A consume applied after its channel had closed delivers into the void;
+    returning those messages must not count towards the delivery limit (a
+    chaos run lost messages to twenty such zombie consumers). Messages the
+    channel did deliver count as before; an unknown channel (node gone) counts
+    everything."""
+    h = Harness(delivery_limit=1)
+    h.enqueue(2)
+    for _ in range(5):  # five zombie consumers in a row
+        h.consume(prefetch=2)
+        h.run(ChannelDown(cid().channel, delivered=()))
+    assert h.state.messages_ready() == 2
+    h.consume(prefetch=2)  # this one did deliver both (msg ids 0 and 1): counted
+    h.run(ChannelDown(cid().channel, delivered=(("c1", (0, 1)),)))
+    assert h.state.messages_ready() == 2
+    h.consume(prefetch=2)
+    h.run(ChannelDown(cid().channel))  # delivered unknown: counted again, over the limit
+    assert h.state.messages_total() == 0
