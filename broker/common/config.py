@@ -136,6 +136,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat", _int(0, 65535), 60, "heartbeat timeout proposed to clients, seconds"),
     Setting("frame_max", _int(4096, 2**31 - 1), 131072, "largest frame proposed to clients"),
     Setting("channel_max", _int(0, 65535), 2047, "most channels per connection"),
+    Setting("consumer_timeout", _int(0, 2**31 - 1), 1800000,
+            "delivery acknowledgement timeout, ms: a delivery not acknowledged in time closes "
+            "its channel (406); the x-consumer-timeout queue or consume argument and the "
+            "consumer-timeout policy key override it per queue/consumer"),
     # users and vhosts (RabbitMQ names)
     Setting("default_vhost", _str, "/", "vhost created on a fresh cluster"),
     Setting("default_user", _str, "guest", "user created on a fresh cluster"),

@@ -60,6 +60,8 @@ _VALIDATORS: dict[str, tuple[Callable[[FieldValue], bool], str]] = {
         "queue leader locator value",
     ),
     "alternate-exchange": (_str, "alternate exchange name"),
+    # RabbitMQ 3.12+/4.x (rabbit_policies): "<<\"5\">> is not a valid consumer timeout"
+    "consumer-timeout": (lambda v: _int(v) and v >= 0, "consumer timeout"),
 }
 POLICY_KEYS: frozenset[str] = frozenset(_VALIDATORS)
 # Keys an operator policy may set (RabbitMQ refuses the rest as unrecognised).

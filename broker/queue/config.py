@@ -188,6 +188,8 @@ _ARGS: list[tuple[str, str | None, Callable[[object], Any]]] = [
     ("x-quorum-target-group-size", "target-group-size", _positive_int),
     ("x-delivery-limit", "delivery-limit", _as_int),
     ("x-queue-leader-locator", "queue-leader-locator", _locator),
+    # RabbitMQ 3.12+/4.x; enforced by the AMQP channel (see consumer_timeout_ms)
+    ("x-consumer-timeout", "consumer-timeout", _non_neg_int),
 ]
 _OPERATOR_KEYS = {"expires", "message-ttl", "max-length", "max-length-bytes", "delivery-limit",
                   "overflow", "target-group-size"}
@@ -304,3 +306,27 @@ def parse_queue_arguments(args: dict[str, Any], queue: str, vhost: str,
                                    p.get("target-group-size"), o.get("target-group-size")),
         leader_locator=arg_first("x-queue-leader-locator", "queue-leader-locator"),
     )
+
+
+def _timeout_value(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def consumer_timeout_ms(consume_args: dict[str, Any] | None, queue_args: dict[str, Any] | None,
+                        policy: dict[str, Any] | None, default: int) -> int:
+    """The delivery acknowledgement timeout of one consumer (or basic.get), ms.
+
+    RabbitMQ 4.x's precedence (rabbit_channel get_consumer_timeout): the
+    consumer's own ``x-consumer-timeout`` argument, else the lower of the
+    queue's ``x-consumer-timeout`` argument and its policy's
+    ``consumer-timeout``, else the node's ``consumer_timeout``. Values that are
+    not non-negative integers are ignored here (declarations refuse them).
+    """
+    own = _timeout_value((consume_args or {}).get("x-consumer-timeout"))
+    if own is not None:
+        return own
+    per_queue = _min_opt(_timeout_value((queue_args or {}).get("x-consumer-timeout")),
+                         _timeout_value((policy or {}).get("consumer-timeout")))
+    return default if per_queue is None else per_queue

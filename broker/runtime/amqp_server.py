@@ -23,6 +23,7 @@ import asyncio
 import logging
 import re
 import struct
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from broker import queue as qm
 from broker.amqp import codec as acodec
 from broker.amqp import events as ev
 from broker.amqp.connection import ServerConnection
-from broker.queue.config import amqp_type_name
+from broker.queue.config import amqp_type_name, consumer_timeout_ms
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
 
 from .publish import PublisherSession
@@ -83,10 +84,11 @@ def _raise_md(err: md.MetadataError, method: Any) -> None:
 
 class Consumer:
     __slots__ = ("cid", "tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "priority",
-                 "outstanding")
+                 "outstanding", "timeout_ms", "arguments")
 
     def __init__(self, channel: Channel, queue: QueueProcess, tag: str, no_ack: bool,
-                 exclusive: bool, prefetch: int, priority: int) -> None:
+                 exclusive: bool, prefetch: int, priority: int, timeout_ms: int = 0,
+                 arguments: dict[str, Any] | None = None) -> None:
         self.channel = channel
         self.queue = queue
         self.tag = tag
@@ -98,6 +100,9 @@ class Consumer:
         # msg ids delivered and not yet settled: a new leader re-sends the
         # deliveries of everything checked out, and these are skipped.
         self.outstanding: set[int] = set()
+        # delivery acknowledgement timeout of this consumer's deliveries, ms
+        self.timeout_ms = timeout_ms
+        self.arguments = arguments or {}
 
     def deliver(self, queue: QueueProcess, msg_id: int, msg: Message, count: int,
                 redelivered: bool) -> None:
@@ -130,7 +135,11 @@ class Channel:
         self.global_prefetch = 0  # basic.qos global=true (per channel, as RabbitMQ)
         self.consumers: dict[str, Consumer] = {}
         self.next_tag = 1
-        self.unacked: OrderedDict[int, tuple[QueueProcess, ConsumerId, int]] = OrderedDict()
+        # delivery tag -> (queue, consumer, msg id, ack deadline (monotonic s), timeout ms)
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        # The distinct timeouts of this channel's deliveries: with one, deadlines
+        # grow with delivery tags and the oldest delivery is the first to expire.
+        self.ack_timeouts: set[int] = set()
         self._settles: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
         self._consumer_seq = 0
         # publishing
@@ -359,6 +368,29 @@ class Channel:
             raise ChannelError(404, f"no queue '{name}' in vhost '{self._vhost()}'", m)
         return q
 
+    def _queue_timeout(self, q: QueueProcess, consume_args: dict[str, Any] | None) -> int:
+        """The delivery acknowledgement timeout (ms) for deliveries from `q`."""
+        record = self.node.queue_record(q.vhost, q.name)
+        queue_args = md.thaw_table(record.arguments) if record is not None else None
+        pol = md.queue_policy(self.node.meta.state, record) if record is not None else None
+        return consumer_timeout_ms(consume_args, queue_args,
+                                   md.thaw_table(pol.definition) if pol is not None else None,
+                                   self.node.config["consumer_timeout"])
+
+    def check_ack_timeout(self, now: float) -> None:
+        """Close the channel (406) when a delivery has waited for its
+        acknowledgement longer than its timeout, as RabbitMQ does; the channel's
+        close returns its unacknowledged messages to their queues."""
+        if self.closed or not self.unacked:
+            return
+        expired = first_timed_out(self.unacked, now, len(self.ack_timeouts) <= 1)
+        if expired is None:
+            return
+        tag, timeout = expired
+        log.warning("consumer on channel %s (delivery tag %d) has timed out waiting for delivery "
+                    "acknowledgement. Timeout used: %d ms", self.ref, tag, timeout)
+        self.conn.channel_failed(self, ChannelError(406, ack_timeout_text(self.number, timeout)))
+
     # basic.*
     def basic_qos(self, m: C.Basic.Qos) -> None:
         if m.prefetch_size:
@@ -407,7 +439,9 @@ class Channel:
                 raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
             if any(c.exclusive for c in q.consumers.values()):
                 raise ChannelError(403, f"queue '{qname}' in vhost '{self._vhost()}' in exclusive use", m)
-        consumer = Consumer(self, q, tag, bool(m.no_ack), bool(m.exclusive), self.prefetch, priority)
+        consumer = Consumer(self, q, tag, bool(m.no_ack), bool(m.exclusive), self.prefetch, priority,
+                            self._queue_timeout(q, args), dict(args))
+        self.ack_timeouts.add(consumer.timeout_ms)
         self.consumers[tag] = consumer
         q.add_consumer(consumer)
         self.touched[q.uid] = q
@@ -457,7 +491,10 @@ class Channel:
             tag = self.next_tag
             self.next_tag += 1
             if not m.no_ack:
-                self.unacked[tag] = (q, ConsumerId(self.ref, DEQUEUE_TAG), reply.msg_id)
+                timeout = self._queue_timeout(q, None)
+                self.ack_timeouts.add(timeout)
+                self.unacked[tag] = (q, ConsumerId(self.ref, DEQUEUE_TAG), reply.msg_id,
+                                     time.monotonic() + timeout / 1000, timeout)
             # x-delivery-count is a quorum-queue header (classic queues do not add it)
             props = msg[0] if not reply.delivery_count or q.kind != "quorum" else \
                 self.conn.props_cache.with_delivery_count(msg[0], reply.delivery_count)
@@ -483,7 +520,7 @@ class Channel:
 
     def _return_all_unacked(self) -> None:
         groups: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
-        for q, cid, msg_id in self.unacked.values():
+        for q, cid, msg_id, _, _ in self.unacked.values():
             groups.setdefault((q.uid, cid), (q, []))[1].append(msg_id)
         self.unacked.clear()
         for (uid, cid), (_q, ids) in groups.items():
@@ -662,7 +699,8 @@ class Channel:
         if c.no_ack:
             self._settle_later(c.queue, c.cid, msg_id)
         else:
-            self.unacked[tag] = (c.queue, c.cid, msg_id)
+            timeout = c.timeout_ms
+            self.unacked[tag] = (c.queue, c.cid, msg_id, time.monotonic() + timeout / 1000, timeout)
         # x-delivery-count is a quorum-queue header (classic queues do not add it)
         props = msg[0] if not count or c.queue.kind != "quorum" else \
             conn.props_cache.with_delivery_count(msg[0], count)
@@ -687,7 +725,7 @@ class Channel:
                 uid, ["S", cid.channel, cid.tag, ids],
                 lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
-    def _take(self, tag: int, multiple: bool, m: Any) -> list[tuple[QueueProcess, ConsumerId, int]]:
+    def _take(self, tag: int, multiple: bool, m: Any) -> list[Unacked]:
         unacked = self.unacked
         if multiple:
             taken = []
@@ -714,12 +752,12 @@ class Channel:
             c.outstanding.difference_update(ids)
 
     def ack(self, tag: int, multiple: bool) -> None:
-        for q, cid, msg_id in self._take(tag, multiple, _ACK):
+        for q, cid, msg_id, _, _ in self._take(tag, multiple, _ACK):
             self._settle_later(q, cid, msg_id)
 
     def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
         groups: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
-        for q, cid, msg_id in self._take(tag, multiple, _NACK):
+        for q, cid, msg_id, _, _ in self._take(tag, multiple, _NACK):
             groups.setdefault((q.uid, cid), (q, []))[1].append(msg_id)
         for (uid, cid), (_q, ids) in groups.items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
@@ -788,6 +826,33 @@ def _expiration(text: str) -> int:
     if len(prefix) + len(flat) > 78:
         flat = f"{{{term[0]},\n{' ' * (len(prefix) + 1)}{term[1]}}}"
     raise ChannelError(406, prefix + flat, _PUBLISH)
+
+
+Unacked = tuple[QueueProcess, ConsumerId, int, float, int]
+
+
+def first_timed_out(unacked: OrderedDict[int, Unacked], now: float,
+                    in_order: bool) -> tuple[int, int] | None:
+    """(delivery tag, timeout ms) of the oldest delivery whose acknowledgement
+    deadline (entry[3], a monotonic time) has passed at `now`, else None.
+
+    `in_order`: every delivery has the same timeout, so deadlines grow with
+    the tags and only the first entry needs a look (RabbitMQ likewise peeks
+    at the head of its unacked queue)."""
+    for tag, entry in unacked.items():
+        if entry[3] <= now:
+            return tag, entry[4]
+        if in_order:
+            return None
+    return None
+
+
+def ack_timeout_text(channel: int, timeout_ms: int) -> str:
+    """RabbitMQ's close text (rabbit_channel evaluate_consumer_timeout; the
+    codec adds the PRECONDITION_FAILED prefix)."""
+    return (f"delivery acknowledgement on channel {channel} timed out. Timeout value used: "
+            f"{timeout_ms} ms. This timeout value can be configured, see consumers doc guide to "
+            f"learn more")
 
 
 class _AnyNameDeclareOk(C.Queue.DeclareOk):
@@ -1026,6 +1091,10 @@ class AmqpConnection(asyncio.Protocol):
             return
         result = self.amqp.tick(asyncio.get_running_loop().time())
         self.write(result.data)
+        now = time.monotonic()
+        for ch in list(self.channels.values()):
+            if ch.unacked:
+                ch.check_ack_timeout(now)
         self.flush()
         if result.peer_dead:
             log.info("connection %s (%s): missed heartbeats, closing", self.id, self.peer)
