@@ -159,17 +159,39 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
             upstream.close()
 
 
+class _TimedApi:
+    """The API client, noting calls slower than a second (the player must not lag)."""
+
+    def __init__(self, kube: KubeApi, slow: list[Any]) -> None:
+        self._kube, self._slow = kube, slow
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._kube, name)
+        if not callable(attr) or name == "path":
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                if time.monotonic() - t0 > 1.0:
+                    self._slow.append((round(t0, 3), name, str(args[:3])[:120],
+                                       round(time.monotonic() - t0, 3)))
+        return timed
+
+
 class StatefulSetPlayer:
     def __init__(self, kube: KubeApi, sts_name: str, root: Path, probe_interval: float = 0.5,
-                 tick: float = 0.2) -> None:
-        self.kube = kube
+                 tick: float = 0.5) -> None:
         self.sts_name = sts_name
         self.root = root
         self.probe_interval = probe_interval
         self.tick = tick
         self.pods: dict[int, PodRun] = {}
         self.records: dict[str, list[Any]] = {"prestop": [], "crashes": [], "starts": [],
-                                              "stops": []}
+                                              "stops": [], "ready": [], "slow_api": []}
+        self.kube = _TimedApi(kube, self.records["slow_api"])
         self.errors: list[str] = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -190,21 +212,22 @@ class StatefulSetPlayer:
     def ports(self, sts: dict[str, Any]) -> dict[str, int]:
         return {p["name"]: int(p["containerPort"]) for p in self.container(sts)["ports"]}
 
-    def _secret_value(self, name: str, key: str) -> str:
-        secret = self.kube.get("v1", "secrets", name)
-        assert secret is not None, f"Secret {name} missing"
-        if key in (secret.get("stringData") or {}):
-            return str(secret["stringData"][key])
-        return base64.b64decode(secret["data"][key]).decode()
+    def _object(self, plural: str, name: str, cache: dict[tuple[str, str], Any]) -> Any:
+        """A Secret or ConfigMap, read once per pod start (as the kubelet does)."""
+        if (plural, name) not in cache:
+            obj = self.kube.get("v1", plural, name)
+            assert obj is not None, f"{plural}/{name} missing: the pod cannot start"
+            cache[plural, name] = obj
+        return cache[plural, name]
 
-    def _configmap_item(self, name: str, key: str) -> str:
-        cm = self.kube.get("v1", "configmaps", name)
-        assert cm is not None, f"ConfigMap {name} missing"
-        return str(cm["data"][key])
+    def _secret_data(self, name: str, cache: dict[tuple[str, str], Any]) -> dict[str, str]:
+        secret = self._object("secrets", name, cache)
+        out = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+        return {**out, **{k: str(v) for k, v in (secret.get("stringData") or {}).items()}}
 
     # ------------------------------------------------------------ a pod's container
-    def _materialize(self, sts: dict[str, Any], ordinal: int, pod_dir: Path,
-                     pvc_dir: Path) -> dict[str, str]:
+    def _materialize(self, sts: dict[str, Any], pod_dir: Path, pvc_dir: Path,
+                     cache: dict[tuple[str, str], Any]) -> dict[str, str]:
         """Write the pod's volumes; return mountPath -> local path."""
         spec = sts["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in spec.get("volumes") or []}
@@ -221,15 +244,10 @@ class StatefulSetPlayer:
             if "configMap" in vol or "secret" in vol:
                 local.mkdir(parents=True, exist_ok=True)
                 if "configMap" in vol:
-                    cm = self.kube.get("v1", "configmaps", vol["configMap"]["name"])
-                    assert cm is not None
+                    cm = self._object("configmaps", vol["configMap"]["name"], cache)
                     items = {k: str(v) for k, v in (cm.get("data") or {}).items()}
                 else:
-                    sec_name = vol["secret"]["secretName"]
-                    sec = self.kube.get("v1", "secrets", sec_name)
-                    assert sec is not None
-                    items = {k: base64.b64decode(v).decode() for k, v in
-                             (sec.get("data") or {}).items()}
+                    items = self._secret_data(vol["secret"]["secretName"], cache)
                     if vol["secret"].get("items"):
                         items = {i["path"]: items[i["key"]] for i in vol["secret"]["items"]}
                 for k, v in items.items():
@@ -250,8 +268,8 @@ class StatefulSetPlayer:
                 return mounts[mpath] + value[len(mpath):]
         return value
 
-    def _env(self, sts: dict[str, Any], ordinal: int, pod_name: str,
-             mounts: dict[str, str], conf_text: str) -> dict[str, str]:
+    def _env(self, sts: dict[str, Any], ordinal: int, pod_name: str, mounts: dict[str, str],
+             conf_text: str, cache: dict[tuple[str, str], Any]) -> dict[str, str]:
         env: dict[str, str] = {}
         meta = {"metadata.name": pod_name, "metadata.namespace": NS}
         for e in self.container(sts).get("env") or []:
@@ -261,7 +279,7 @@ class StatefulSetPlayer:
                 env[e["name"]] = meta[e["valueFrom"]["fieldRef"]["fieldPath"]]
             elif "secretKeyRef" in e.get("valueFrom", {}):
                 ref = e["valueFrom"]["secretKeyRef"]
-                env[e["name"]] = self._secret_value(ref["name"], ref["key"])
+                env[e["name"]] = self._secret_data(ref["name"], cache)[ref["key"]]
             else:
                 raise AssertionError(f"env source not played: {e}")
         a = addr(ordinal)
@@ -287,11 +305,12 @@ class StatefulSetPlayer:
         name = f"{self.sts_name}-{ordinal}"
         pod_dir = self.root / name
         pvc_dir = self.root / f"data-{name}"  # the PVC: outlives the pod
-        mounts = self._materialize(sts, ordinal, pod_dir, pvc_dir)
+        cache: dict[tuple[str, str], Any] = {}
+        mounts = self._materialize(sts, pod_dir, pvc_dir, cache)
         c = self.container(sts)
         args = [self._translate(x, mounts) for x in c.get("args") or []]
         conf_path = args[args.index("--config") + 1]
-        env = self._env(sts, ordinal, name, mounts, Path(conf_path).read_text())
+        env = self._env(sts, ordinal, name, mounts, Path(conf_path).read_text(), cache)
         log_path = self.root / f"{name}.log"
         log = open(log_path, "ab")
         argv = [sys.executable, "-m", "broker", *args]
@@ -340,6 +359,10 @@ class StatefulSetPlayer:
 
     def _set_ready(self, run: PodRun, ready: bool) -> None:
         if run.ready != ready:
+            if ready and not any(r[1] == run.name and r[2] == run.started
+                                 for r in self.records["ready"]):
+                self.records["ready"].append((round(time.monotonic(), 3), run.name, run.started,
+                                              round(time.monotonic() - run.started, 3)))
             run.ready = ready
             self.kube.patch("v1", "pods", run.name,
                             {"status": self._pod_status(ready, run.restarts)})

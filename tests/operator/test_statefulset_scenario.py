@@ -48,6 +48,9 @@ RELEASE = "qq"
 STS = "qq-quorumq"
 GRACE = 60  # terminationGracePeriodSeconds rendered: the preStop waits at most GRACE - 30
 QUEUES = {f"orders-{i}": (3 if i < 4 else 5) for i in range(6)}  # name -> target size
+# declared on 5 pods: their members include pods 3/4 (placement picks the least loaded
+# nodes), so the scale-down must replace members, not only remove them
+LATE_QUEUES = {"late-0": 3, "late-1": 3}
 PUBLISH_RATE = 8.0  # per publisher (one per queue)
 
 
@@ -134,11 +137,11 @@ def world(kube: KubeApi, tmp_path: Path) -> Iterator[dict[str, Any]]:
         player.close()
 
 
-def membership_follows(mgmt: Mgmt, pods: int) -> bool:
+def membership_follows(mgmt: Mgmt, pods: int, queues: dict[str, int]) -> bool:
     """Every queue has min(target, pods) members, all on pods that exist, all online."""
     existing = {node(i) for i in range(pods)}
     views = mgmt.queues()
-    for name, target in QUEUES.items():
+    for name, target in queues.items():
         q = views.get(name)
         if q is None:
             return False
@@ -164,25 +167,35 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
     player: StatefulSetPlayer = world["player"]
     mgmt: Mgmt = world["mgmt"]
     rng = random.Random(SEED)
-    for name, target in QUEUES.items():
-        kube.create(m.quorum_queue(name, NS, {"broker": {"statefulSet": STS}, "arguments": {
-            "targetGroupSize": target}}))
-    for name in QUEUES:
-        wait_for(lambda name=name: any(
-            c["type"] == "Ready" and c["status"] == "True" for c in
-            ((kube.get(GROUP, "quorumqueues", name) or {}).get("status") or {}).get(
-                "conditions", [])), 60, f"{name} Ready")
-
-    # ---- clients: one confirming publisher and one acking consumer per queue, all the time
     history, values, stop = History(), Values(), threading.Event()
+    stop_consumers = threading.Event()
     PodWorker.user, PodWorker.password = world["creds"]["username"], world["creds"]["password"]
     endpoints = [(addr(i), world["ports"]["amqp"]) for i in range(5)]
     workers: list[Worker] = []
-    for k, qn in enumerate(QUEUES):
-        workers.append(PodWorker(2 * k, "publisher", endpoints, qn, history, values,
-                                 rng.randrange(1 << 30), stop, rate=PUBLISH_RATE))
-        workers.append(PodWorker(2 * k + 1, "consumer", endpoints, qn, history, values,
-                                 rng.randrange(1 << 30), stop, rate=0, prefetch=10))
+    declared: dict[str, int] = {}
+
+    def declare(queues: dict[str, int]) -> None:
+        """QuorumQueue resources, Ready; then one confirming publisher and one acking
+        consumer per queue, running until the end."""
+        for name, target in queues.items():
+            kube.create(m.quorum_queue(name, NS, {"broker": {"statefulSet": STS},
+                                                  "arguments": {"targetGroupSize": target}}))
+        for name in queues:
+            wait_for(lambda name=name: any(
+                c["type"] == "Ready" and c["status"] == "True" for c in
+                ((kube.get(GROUP, "quorumqueues", name) or {}).get("status") or {}).get(
+                    "conditions", [])), 60, f"{name} Ready")
+        declared.update(queues)
+        for qn in queues:
+            k = len(workers)
+            pub = PodWorker(k, "publisher", endpoints, qn, history, values,
+                            rng.randrange(1 << 30), stop, rate=PUBLISH_RATE)
+            con = PodWorker(k + 1, "consumer", endpoints, qn, history, values,
+                            rng.randrange(1 << 30), stop_consumers, rate=0, prefetch=10)
+            workers.extend((pub, con))
+            pub.start()
+            con.start()
+
     phases: list[tuple[str, float]] = []
 
     def phase(name: str) -> None:
@@ -196,12 +209,8 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
         base = confirmed()
         wait_for(lambda: confirmed() >= base + more, 60, f"{more} more confirms")
 
-    stop_consumers = threading.Event()
     try:
-        for w in workers:
-            if w.role == "consumer":
-                w.stop_event = stop_consumers
-            w.start()
+        declare(QUEUES)
         phase("steady-3")
         progressing(60)
 
@@ -209,14 +218,19 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
         phase("scale-up")
         kube.patch("apps/v1", "statefulsets", STS, {"spec": {"replicas": 5}})
         wait_for(player.rolled_out, 120, "5 pods Ready")
-        wait_for(lambda: membership_follows(mgmt, 5), 90, "membership on 5 pods")
+        wait_for(lambda: membership_follows(mgmt, 5, declared), 90, "membership on 5 pods")
+        declare(LATE_QUEUES)
+        views = mgmt.queues()
+        on_leaving = [n for n in LATE_QUEUES if {node(3), node(4)} & set(views[n]["members"])]
+        assert on_leaving, {n: views[n]["members"] for n in LATE_QUEUES}
         progressing()
 
         # ---- scale 5 -> 3: pods 4 then 3 run their preStop (LEAVING) and go
         phase("scale-down")
         kube.patch("apps/v1", "statefulsets", STS, {"spec": {"replicas": 3}})
         wait_for(player.rolled_out, 150, "3 pods left")
-        wait_for(lambda: membership_follows(mgmt, 3), 90, "membership on 3 pods")
+        wait_for(lambda: membership_follows(mgmt, 3, declared), 90,
+                 "membership on 3 pods")
         progressing()
 
         # ---- rolling restart (kubectl rollout restart): 2, 1, 0, each after the previous is Ready
@@ -224,7 +238,8 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
         kube.patch("apps/v1", "statefulsets", STS, {"spec": {"template": {"metadata": {
             "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-23T21:30:00Z"}}}}})
         wait_for(player.rolled_out, 180, "rollout complete")
-        wait_for(lambda: membership_follows(mgmt, 3), 60, "membership after the roll")
+        wait_for(lambda: membership_follows(mgmt, 3, declared), 60,
+                 "membership after the roll")
         # leaders: the issue's bound, then the operator's own goal (debounced rebalance)
         total = len(mgmt.queues())
         bound = math.ceil(total / 3) + 1
@@ -234,6 +249,9 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
         assert max(counts.values()) <= bound
         progressing()
         phase("drain")
+    except BaseException:
+        stop_consumers.set()
+        raise
     finally:
         stop.set()  # publishers stop; consumers drain what is left
         for w in workers:
@@ -259,12 +277,20 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
                                        "unexpected_count", "duplicated_count",
                                        "longest_confirm_gap_s")}
     prestops = [(r.pod, r.desired, r.returncode, r.duration) for r in player.records["prestop"]]
-    report = {"summary": summary, "leaders": counts, "prestop": prestops, "phases": phases,
+    prestop_output = {r.pod + f"@{r.started}": r.output[-3000:] for r in player.records["prestop"]}
+    events: dict[str, int] = {}
+    for e in kube.events(STS):
+        events[e["reason"]] = events.get(e["reason"], 0) + 1
+    report = {"summary": summary, "leaders": counts, "operator events on the StatefulSet": events, "prestop": prestops, "phases": phases,
               "crashes": player.records["crashes"],
+              "stops (t, pod, exit code, seconds from deletion)": player.records["stops"],
+              "ready (t, pod, started, seconds to Ready)": player.records["ready"],
+              "slow API calls": player.records["slow_api"],
               "worker_errors": {w.name: dict(w.errors) for w in workers}}
     print(json.dumps(report, indent=1, default=str))
     (Path(os.environ.get("QQ_SCENARIO_REPORT", "/tmp")) / "qq-statefulset-scenario.json"
-     ).write_text(json.dumps({**report, "result": result}, default=str))
+     ).write_text(json.dumps({**report, "prestop_output": prestop_output, "result": result},
+                             default=str))
 
     assert all(w.crashed is None for w in workers), [w.crashed for w in workers]
     assert result["lost_count"] == 0, result["lost_details"]
