@@ -295,6 +295,8 @@ class Nemesis:
                     active.append((kind, fid, self._start(kind, fid)))
                 except Exception as exc:  # noqa: BLE001 - recorded; the run goes on
                     self.errors.append(f"{kind} start: {exc!r}")
+                    if kind == "disk-full":
+                        self.c.free_disk()
                     self._event(kind, fid, "stop", f"error: {exc!r}"[:300], None, False)
             if kinds != ["rolling-restart"]:
                 self.stop_event.wait(hold)

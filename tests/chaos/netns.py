@@ -344,21 +344,20 @@ class ChaosCluster:
         return self.nodes[self.tmpfs_node].data_dir / "chaos-filler"
 
     def fill_disk(self) -> int:
-        """Fill the tmpfs node's file system; returns the bytes written."""
+        """Fill the tmpfs node's file system; returns the bytes written.
+        ENOSPC is the point: every write, flush and the close may raise it."""
         written = 0
-        chunk = b"\0" * (1 << 20)
-        with self._filler().open("ab") as f:
-            for _ in range(self.tmpfs_mb + 1):  # bounded: at most the file system's size
+        f = self._filler().open("ab", buffering=0)
+        try:
+            for size in [1 << 20] * (self.tmpfs_mb + 1) + [4096] * 256:  # bounded
                 try:
-                    f.write(chunk)
-                    f.flush()
+                    written += f.write(b"\0" * size) or 0
                 except OSError:
-                    break
-                written += len(chunk)
-            try:  # the last partial megabyte
-                for _ in range(1024):
-                    f.write(b"\0" * 1024)
-                    f.flush()
+                    if size == 4096:
+                        break
+        finally:
+            try:
+                f.close()
             except OSError:
                 pass
         return written
