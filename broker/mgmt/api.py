@@ -318,6 +318,7 @@ async def overview(request: web.Request) -> web.Response:
                           "connections": len(node.connections),
                           "channels": sum(len(getattr(x, "channels", {})) for x in node.connections)},
         "queue_totals": totals,
+        "message_stats": v.node_message_stats(node),
         "listeners": [{"node": node.node_name, "protocol": "amqp", "port": node.port}],
     })
 
@@ -990,6 +991,292 @@ async def forget_node(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+# ---------------------------------------------------------------- connections, channels, consumers
+def _find(items: list[dict[str, Any]], name: str, what: str) -> dict[str, Any]:
+    for item in items:
+        if item["name"] == name:
+            return item
+    raise ApiError(404, f"no {what} '{name}' on this node", error="Object Not Found")
+
+
+async def list_connections(request: web.Request) -> web.Response:
+    c = ctx(request)
+    return web.json_response(v.connections(c.node, c.name, c.sees_all()))
+
+
+async def get_connection(request: web.Request) -> web.Response:
+    c = ctx(request)
+    return web.json_response(_find(v.connections(c.node, c.name, c.sees_all()),
+                                   request.match_info["name"], "connection"))
+
+
+async def delete_connection(request: web.Request) -> web.Response:
+    """Close a connection: 320 CONNECTION_FORCED with RabbitMQ's reason (the
+    X-Reason header, else 'Closed via management plugin')."""
+    c = ctx(request)
+    name = request.match_info["name"]
+    info = _find(v.connections(c.node, c.name, c.sees_all()), name, "connection")
+    if not c.admin and info.get("user") != c.name:
+        raise ApiError(403, f"user '{c.name}' may not close connection '{name}'")
+    reason = request.headers.get("X-Reason", "Closed via management plugin")
+    for conn in list(c.node.connections):
+        if conn.name == name:
+            conn.force_close(reason)
+    return web.Response(status=204)
+
+
+async def connection_channels(request: web.Request) -> web.Response:
+    c = ctx(request)
+    name = request.match_info["name"]
+    _find(v.connections(c.node, c.name, c.sees_all()), name, "connection")
+    return web.json_response([ch for ch in v.channels(c.node, c.name, c.sees_all())
+                              if ch["connection_details"]["name"] == name])
+
+
+async def list_channels(request: web.Request) -> web.Response:
+    c = ctx(request)
+    return web.json_response(v.channels(c.node, c.name, c.sees_all()))
+
+
+async def get_channel(request: web.Request) -> web.Response:
+    c = ctx(request)
+    return web.json_response(_find(v.channels(c.node, c.name, c.sees_all()),
+                                   request.match_info["name"], "channel"))
+
+
+async def list_consumers(request: web.Request) -> web.Response:
+    c = ctx(request)
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        c.need_vhost(vhost)
+    return web.json_response([x for x in v.consumers(c.node)
+                              if (vhost is None or x["queue"]["vhost"] == vhost)
+                              and c.can_see(x["queue"]["vhost"])])
+
+
+# ---------------------------------------------------------------- get / publish
+GET_KEYS: dict[str, type | tuple[type, ...]] = {
+    "count": (int, str), "ackmode": str, "encoding": str, "truncate": (int, str),
+    "requeue": bool, "vhost": str, "name": str}
+ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+_PROP_NAMES = {"content_type": "content_type", "content_encoding": "content_encoding",
+               "headers": "headers", "delivery_mode": "delivery_mode", "priority": "priority",
+               "correlation_id": "correlation_id", "reply_to": "reply_to",
+               "expiration": "expiration", "message_id": "message_id", "timestamp": "timestamp",
+               "type": "message_type", "user_id": "user_id", "app_id": "app_id",
+               "cluster_id": "cluster_id"}
+
+
+def _int_param(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    raw = body.get(key, default)
+    try:
+        value = int(raw)  # RabbitMQ's UI sends numbers as strings
+    except (TypeError, ValueError):
+        raise ApiError(400, f"'{key}' must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ApiError(400, f"'{key}' must not be negative")
+    return value
+
+
+def _properties_view(raw: bytes, delivery_count: int, quorum: bool) -> dict[str, Any]:
+    from broker.amqp import codec as acodec
+
+    props = acodec.decode_properties(raw)
+    out: dict[str, Any] = {}
+    for name, attr in _PROP_NAMES.items():
+        value = getattr(props, attr, None)
+        if value is None:
+            continue
+        if name == "timestamp" and hasattr(value, "timestamp"):
+            value = int(value.timestamp())
+        out[name] = v.jsonable(value)
+    if quorum and delivery_count:
+        out.setdefault("headers", {})["x-delivery-count"] = delivery_count
+    return out
+
+
+def _read_permission(c: Ctx, vhost: str, name: str) -> None:
+    if not c.admin:
+        err = md.check(c.node.meta.state, c.name, vhost, "read", md.Resource.queue(name))
+        if err is not None:
+            raise ApiError(403, err.text)
+
+
+_GET_SEQ = [0]
+
+
+async def get_messages(request: web.Request) -> web.Response:
+    """POST /api/queues/{vhost}/{name}/get as RabbitMQ: get up to `count`
+    messages, then acknowledge (ack_requeue_false), requeue (*_requeue_true) or
+    reject without requeue (reject_requeue_false: dead-lettered)."""
+    from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
+
+    c = ctx(request)
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    record = queue_record(c, vhost, name)
+    _read_permission(c, vhost, name)
+    body = await json_body(request, GET_KEYS, required=("count", "ackmode", "encoding"))
+    count = _int_param(body, "count")
+    truncate = _int_param(body, "truncate") if "truncate" in body else None
+    ackmode, encoding = body["ackmode"], body["encoding"]
+    if ackmode not in ACKMODES:
+        raise ApiError(400, f"unknown ackmode '{ackmode}' (one of {', '.join(ACKMODES)})")
+    if encoding not in ("auto", "base64"):
+        raise ApiError(400, f"unknown encoding '{encoding}' (auto or base64)")
+    node = c.node
+    q = node.queue(vhost, name)
+    if q is None:
+        raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
+    _GET_SEQ[0] += 1
+    ref = ChannelRef(f"{node.incarnation}/mgmt-get/{_GET_SEQ[0]}")
+    no_ack = ackmode == "ack_requeue_false"
+    taken: list[int] = []
+    out: list[dict[str, Any]] = []
+    try:
+        for _ in range(count):
+            try:
+                reply = await node.queue_command(q, qm.Dequeue(ref, no_ack))
+            except Exception as exc:  # no leader, a stopped group: say so
+                text = getattr(exc, "text", None) or str(exc)
+                raise ApiError(503, f"queue '{name}' in vhost '{vhost}': {text}") from None
+            if isinstance(reply, qm.DequeueRefused):
+                raise ApiError(400, reply.reply_text)
+            if not isinstance(reply, qm.Dequeued):
+                break
+            if not no_ack:
+                taken.append(reply.msg_id)
+            props_raw, payload, exchange, routing_key = q.message(reply.raft_index)[:4]
+            payload = bytes(payload)
+            size = len(payload)
+            if truncate is not None:
+                payload = payload[:truncate]
+            text, enc = None, "base64"
+            if encoding == "auto":
+                try:
+                    text, enc = payload.decode("utf-8"), "string"
+                except UnicodeDecodeError:
+                    pass
+            if text is None:
+                import base64
+
+                text = base64.b64encode(payload).decode("ascii")
+            out.append({"payload_bytes": size, "redelivered": reply.redelivered,
+                        "exchange": exchange, "routing_key": routing_key,
+                        "message_count": reply.messages_ready,
+                        "properties": _properties_view(props_raw, reply.delivery_count,
+                                                       record.type == "quorum"),
+                        "payload": text, "payload_encoding": enc})
+    finally:
+        if taken:
+            cid = ConsumerId(ref, DEQUEUE_TAG)
+            ids = tuple(taken)
+            if ackmode == "reject_requeue_false":
+                payload_cmd = ["C", qm.encode_command(qm.Discard(cid, ids))]
+            elif ackmode.endswith("requeue_true"):
+                payload_cmd = ["C", qm.encode_command(qm.Return(cid, ids))]
+            else:
+                payload_cmd = ["S", cid.channel, cid.tag, list(ids)]
+            node.queue_command_reliable(q.uid, payload_cmd)
+    return web.json_response(out)
+
+
+PUBLISH_KEYS: dict[str, type | tuple[type, ...]] = {
+    "properties": dict, "routing_key": str, "payload": str, "payload_encoding": str,
+    "vhost": str, "name": str, "delivery_mode": (str, int), "headers": dict, "props": dict}
+
+
+def _encode_properties(props: dict[str, Any]) -> tuple[bytes, int | None, int | None, Any]:
+    from pamqp import commands as pc
+
+    from broker.amqp import codec as acodec
+
+    kwargs: dict[str, Any] = {}
+    for key, value in props.items():
+        attr = _PROP_NAMES.get(key)
+        if attr is None:
+            raise ApiError(400, f"unknown property '{key}'")
+        if key in ("delivery_mode", "priority", "timestamp"):
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ApiError(400, f"property '{key}' must be an integer")
+            try:
+                value = int(value)
+            except ValueError:
+                raise ApiError(400, f"property '{key}' must be an integer") from None
+            if not 0 <= value <= (255 if key != "timestamp" else 2**63 - 1):
+                raise ApiError(400, f"property '{key}' is out of range")
+            if key == "timestamp":
+                import datetime
+
+                value = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        elif key == "headers":
+            if not isinstance(value, dict):
+                raise ApiError(400, "property 'headers' must be an object")
+        elif not isinstance(value, str) or len(value.encode()) > 255:
+            raise ApiError(400, f"property '{key}' must be a short string")
+        kwargs[attr] = value
+    expiration = None
+    if "expiration" in kwargs:
+        text = kwargs["expiration"]
+        if not re.fullmatch(r"[0-9]+", text):
+            raise ApiError(400, f"invalid expiration '{text}'")
+        expiration = int(text)
+    try:
+        raw = acodec.encode_properties(pc.Basic.Properties(**kwargs))
+    except Exception as exc:  # pamqp's own checks
+        raise ApiError(400, f"invalid properties: {exc}") from None
+    return raw, kwargs.get("priority"), expiration, kwargs.get("headers")
+
+
+async def publish_message(request: web.Request) -> web.Response:
+    """POST /api/exchanges/{vhost}/{name}/publish as RabbitMQ: {"routed": bool}.
+    The message is enqueued (committed) in every routed queue before the reply."""
+    import base64
+    import binascii
+
+    c = ctx(request)
+    vhost, xname = request.match_info["vhost"], request.match_info["name"]
+    c.need_vhost(vhost)
+    body = await json_body(request, PUBLISH_KEYS,
+                           required=("properties", "routing_key", "payload", "payload_encoding"))
+    exchange = "" if xname == "amq.default" else xname
+    if (md.VhostName(vhost), md.ExchangeName(exchange)) not in c.node.meta.state.exchanges \
+            and exchange:
+        # RabbitMQ 3.10 answers 400 here (its publish fails with not_found)
+        raise ApiError(400, f"no exchange '{xname}' in vhost '{vhost}'", error="not_found")
+    if not c.admin:
+        err = md.check(c.node.meta.state, c.name, vhost, "write",
+                       md.Resource("exchange", xname or "amq.default"))  # type: ignore[arg-type]
+        if err is not None:
+            raise ApiError(403, err.text)
+    enc = body["payload_encoding"]
+    if enc == "string":
+        payload = body["payload"].encode("utf-8")
+    elif enc == "base64":
+        try:
+            payload = base64.b64decode(body["payload"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, "payload is not valid base64") from None
+    else:
+        raise ApiError(400, f"unknown payload_encoding '{enc}' (string or base64)")
+    props_raw, priority, expiration, headers = _encode_properties(body["properties"])
+    rk = body["routing_key"]
+    routed = md.route(c.node.meta.state, md.VhostName(vhost), exchange, rk, headers)
+    if isinstance(routed, md.MetadataError):
+        raise md_error(routed)
+    queues = [q for q in (c.node.queue(vhost, n) for n in routed) if q is not None]
+    try:
+        futures = [q.enqueue(None, 0, props_raw, payload, exchange, rk, priority, expiration)
+                   for q in queues]
+    except Exception as exc:  # a stopped group
+        raise ApiError(503, f"publish not enqueued: {exc}") from None
+    if futures:
+        results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 60)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise ApiError(503, f"publish not enqueued: {failed[0]}")
+    return web.json_response({"routed": bool(queues)})
+
+
 # ---------------------------------------------------------------- the application
 def _public(handler: Handler) -> Handler:
     handler.public = True  # type: ignore[attr-defined]
@@ -1018,6 +1305,15 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", "/api/permissions/{vhost}/{user}", delete_permission),
     ("GET", "/api/exchanges", list_exchanges),
     ("GET", "/api/exchanges/{vhost}", list_exchanges),
+    ("POST", "/api/exchanges/{vhost}/{name}/publish", publish_message),
+    ("GET", "/api/connections", list_connections),
+    ("GET", "/api/connections/{name}", get_connection),
+    ("DELETE", "/api/connections/{name}", delete_connection),
+    ("GET", "/api/connections/{name}/channels", connection_channels),
+    ("GET", "/api/channels", list_channels),
+    ("GET", "/api/channels/{name}", get_channel),
+    ("GET", "/api/consumers", list_consumers),
+    ("GET", "/api/consumers/{vhost}", list_consumers),
     ("GET", "/api/bindings", list_bindings),
     ("GET", "/api/bindings/{vhost}", list_bindings),
     ("GET", "/api/queues", list_queues),
@@ -1026,6 +1322,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("PUT", "/api/queues/{vhost}/{name}", put_queue),
     ("DELETE", "/api/queues/{vhost}/{name}", delete_queue),
     ("DELETE", "/api/queues/{vhost}/{name}/contents", purge_queue),
+    ("POST", "/api/queues/{vhost}/{name}/get", get_messages),
     ("GET", "/api/queues/{vhost}/{name}/quorum-status", quorum_status),
     ("POST", "/api/queues/{vhost}/{name}/members", add_member),
     ("DELETE", "/api/queues/{vhost}/{name}/members/{node}", delete_member),

@@ -132,6 +132,8 @@ def queue_view(node: Any, record: md.QueueRecord, counts: dict[str, Any] | None)
     }
     if record.type == "quorum" and counts is not None and c.get("delivery_limit") is not None:
         out["delivery_limit"] = c["delivery_limit"]
+    # this node's channels' share (RabbitMQ sums every node's)
+    out["message_stats"] = queue_message_stats(node, record.vhost, record.name)
     if record.type == "quorum":
         # at-least-once dead letters waiting for the targets' confirms (4.x names)
         out["messages_dlx"] = int(c.get("messages_dlx", 0))
@@ -191,3 +193,44 @@ def quorum_critical(node: Any, name: str) -> list[tuple[str, str]]:
         if up - 1 < len(r.members) // 2 + 1:
             out.append((str(r.vhost), str(r.name)))
     return sorted(out)
+
+
+# ---------------------------------------------------------------- connections, channels, rates
+def _visible(info: dict[str, Any], user: str, sees_all: bool) -> bool:
+    return sees_all or info.get("user") == user
+
+
+def connections(node: Any, user: str, sees_all: bool) -> list[dict[str, Any]]:
+    """This node's AMQP connections (RabbitMQ lists the whole cluster's)."""
+    out = [c.info() for c in list(node.connections) if getattr(c, "vhost", "")]
+    return sorted((i for i in out if _visible(i, user, sees_all)), key=lambda i: i["name"])
+
+
+def channels(node: Any, user: str, sees_all: bool) -> list[dict[str, Any]]:
+    out = [ch.info() for c in list(node.connections) for ch in list(c.channels.values())]
+    return sorted((i for i in out if _visible(i, user, sees_all)), key=lambda i: i["name"])
+
+
+def consumers(node: Any) -> list[dict[str, Any]]:
+    return [info for c in list(node.connections) for ch in list(c.channels.values())
+            for info in ch.consumer_infos()]
+
+
+def empty_message_stats() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in ("publish", "confirm", "return_unroutable", "deliver", "deliver_no_ack", "get",
+              "get_no_ack", "ack", "redeliver", "deliver_get"):
+        out[f] = 0
+        out[f"{f}_details"] = {"rate": 0.0}
+    return out
+
+
+def node_message_stats(node: Any) -> dict[str, Any]:
+    stats = getattr(node, "msg_stats", None)
+    return stats.totals.message_stats() if stats is not None else empty_message_stats()
+
+
+def queue_message_stats(node: Any, vhost: str, name: str) -> dict[str, Any]:
+    stats = getattr(node, "msg_stats", None)
+    found = stats.for_queue(vhost, name) if stats is not None else None
+    return found.message_stats() if found is not None else empty_message_stats()

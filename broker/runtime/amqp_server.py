@@ -46,6 +46,107 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker.amqp")
 
+#: Seconds between two samples of the message counters (RabbitMQ's
+#: collect_statistics_interval is 5 s too).
+STATS_INTERVAL = 5.0
+STAT_FIELDS = ("publish", "confirm", "return_unroutable", "deliver", "deliver_no_ack", "get",
+               "get_no_ack", "ack", "redeliver")
+
+
+class MsgCounters:
+    """Message counts of one channel, one queue (this node's channels' share) or
+    the whole node: plain integer increments on the hot path; `sample` (every
+    STATS_INTERVAL) turns them into per-second rates."""
+
+    __slots__ = (*STAT_FIELDS, "_prev", "_prev_t", "rates")
+
+    def __init__(self) -> None:
+        self.publish = self.confirm = self.return_unroutable = 0
+        self.deliver = self.deliver_no_ack = self.get = self.get_no_ack = 0
+        self.ack = self.redeliver = 0
+        self._prev: tuple[int, ...] = (0,) * len(STAT_FIELDS)
+        self._prev_t = time.monotonic()
+        self.rates: dict[str, float] = {}
+
+    def counts(self) -> tuple[int, ...]:
+        return (self.publish, self.confirm, self.return_unroutable, self.deliver,
+                self.deliver_no_ack, self.get, self.get_no_ack, self.ack, self.redeliver)
+
+    def sample(self, now: float) -> None:
+        cur = self.counts()
+        dt = now - self._prev_t
+        if dt <= 0:
+            return
+        self.rates = {f: round((c - p) / dt, 1) for f, c, p in zip(STAT_FIELDS, cur, self._prev,
+                                                                    strict=True)}
+        self._prev, self._prev_t = cur, now
+
+    def message_stats(self) -> dict[str, Any]:
+        """RabbitMQ's `message_stats` object: counts and `<field>_details: {rate}`."""
+        out: dict[str, Any] = {}
+        counts = dict(zip(STAT_FIELDS, self.counts(), strict=True))
+        counts["deliver_get"] = self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
+        rates = self.rates
+        rates_dg = (rates.get("deliver", 0.0) + rates.get("deliver_no_ack", 0.0)
+                    + rates.get("get", 0.0) + rates.get("get_no_ack", 0.0))
+        for name, value in counts.items():
+            out[name] = value
+            rate = rates_dg if name == "deliver_get" else rates.get(name, 0.0)
+            out[f"{name}_details"] = {"rate": round(rate, 1)}
+        return out
+
+
+class NodeStats:
+    """A node's message counters: totals and per queue (counted by this node's
+    channels), sampled every STATS_INTERVAL by a timer started with the first
+    AMQP connection. Read by the management API as `node.msg_stats`."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.totals = MsgCounters()
+        self.queues: dict[Any, MsgCounters] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def queue(self, uid: Any) -> MsgCounters:
+        c = self.queues.get(uid)
+        if c is None:
+            c = self.queues[uid] = MsgCounters()
+        return c
+
+    def for_queue(self, vhost: str, name: str) -> MsgCounters | None:
+        """Counters of the live queue vhost/name (its current declaration)."""
+        found = None
+        for uid, c in self.queues.items():
+            if uid[0] == vhost and uid[1] == name and (found is None or uid > found[0]):
+                found = (uid, c)
+        return found[1] if found else None
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(STATS_INTERVAL, self._tick)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self.totals.sample(now)
+        live = {(vh, n) for vh, n in self.node.queues}
+        for uid in list(self.queues):
+            if (uid[0], uid[1]) not in live:
+                del self.queues[uid]  # deleted queue
+            else:
+                self.queues[uid].sample(now)
+        for conn in list(self.node.connections):
+            for ch in list(conn.channels.values()):
+                ch.stats.sample(now)
+        self._timer = asyncio.get_running_loop().call_later(STATS_INTERVAL, self._tick)
+
+
+def node_stats(node: Node) -> NodeStats:
+    stats: NodeStats | None = getattr(node, "msg_stats", None)
+    if stats is None:
+        stats = NodeStats(node)
+        node.msg_stats = stats  # type: ignore[attr-defined]
+    return stats
+
 HIGH_WATER = 4000
 LOW_WATER = 1000
 NOACK_CREDIT = 256
@@ -84,7 +185,7 @@ def _raise_md(err: md.MetadataError, method: Any) -> None:
 
 class Consumer:
     __slots__ = ("cid", "tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "priority",
-                 "outstanding", "timeout_ms", "arguments")
+                 "outstanding", "timeout_ms", "arguments", "qstats")
 
     def __init__(self, channel: Channel, queue: QueueProcess, tag: str, no_ack: bool,
                  exclusive: bool, prefetch: int, priority: int, timeout_ms: int = 0,
@@ -103,6 +204,7 @@ class Consumer:
         # delivery acknowledgement timeout of this consumer's deliveries, ms
         self.timeout_ms = timeout_ms
         self.arguments = arguments or {}
+        self.qstats = channel.nstats.queue(queue.uid)
 
     def deliver(self, queue: QueueProcess, msg_id: int, msg: Message, count: int,
                 redelivered: bool) -> None:
@@ -128,6 +230,9 @@ class Channel:
         self.ref = ChannelRef(f"{conn.node.incarnation}/{conn.id}/{number}")
         self.node = conn.node
         self.busy = False
+        self.stats = MsgCounters()
+        self.nstats = conn.nstats
+        self.totals = conn.nstats.totals
         self.backlog: deque[Any] = deque()
         self.closed = False
         # consumers and deliveries
@@ -490,6 +595,13 @@ class Channel:
             msg = q.message(reply.raft_index)
             tag = self.next_tag
             self.next_tag += 1
+            for st in (self.stats, self.totals, self.nstats.queue(q.uid)):
+                if m.no_ack:
+                    st.get_no_ack += 1
+                else:
+                    st.get += 1
+                if reply.redelivered:
+                    st.redeliver += 1
             if not m.no_ack:
                 timeout = self._queue_timeout(q, None)
                 self.ack_timeouts.add(timeout)
@@ -591,6 +703,8 @@ class Channel:
         routed = md.route(node.meta.state, md.VhostName(vhost), p.exchange, p.routing_key, headers)
         if isinstance(routed, md.MetadataError):
             _raise_md(routed, _PUBLISH)
+        self.stats.publish += 1
+        self.totals.publish += 1
         seq = 0
         if self.confirm:
             self.publish_seq += 1
@@ -598,6 +712,8 @@ class Channel:
         queues = [q for q in (node.queue(vhost, n) for n in routed) if q is not None]
         if not queues:
             if p.mandatory:
+                self.stats.return_unroutable += 1
+                self.totals.return_unroutable += 1
                 conn.write(conn.amqp.send_return(self.number, 312, "NO_ROUTE", p.exchange, p.routing_key,
                                                  props, p.body))
             if seq:
@@ -615,6 +731,7 @@ class Channel:
                 continue
             uid = q.uid
             self.touched[uid] = q
+            self.nstats.queue(uid).publish += 1
             conn.inflight += 1
             if pending is not None:
                 session = self.sessions.get(uid)
@@ -682,6 +799,8 @@ class Channel:
                 conn.write(conn.amqp.send_nack(self.number, c.seq, False))
             else:
                 ack_upto = c.seq
+                self.stats.confirm += 1
+                self.totals.confirm += 1
         if ack_upto:
             conn.write(conn.amqp.send_ack(self.number, ack_upto, True))
 
@@ -696,9 +815,20 @@ class Channel:
         # applied by the queue, so a re-send after an election (which re-issues
         # every checked-out message) never duplicates an in-flight ack.
         c.outstanding.add(msg_id)
+        st, tot, qs = self.stats, self.totals, c.qstats
+        if redelivered:
+            st.redeliver += 1
+            tot.redeliver += 1
+            qs.redeliver += 1
         if c.no_ack:
+            st.deliver_no_ack += 1
+            tot.deliver_no_ack += 1
+            qs.deliver_no_ack += 1
             self._settle_later(c.queue, c.cid, msg_id)
         else:
+            st.deliver += 1
+            tot.deliver += 1
+            qs.deliver += 1
             timeout = c.timeout_ms
             self.unacked[tag] = (c.queue, c.cid, msg_id, time.monotonic() + timeout / 1000, timeout)
         # x-delivery-count is a quorum-queue header (classic queues do not add it)
@@ -752,7 +882,12 @@ class Channel:
             c.outstanding.difference_update(ids)
 
     def ack(self, tag: int, multiple: bool) -> None:
-        for q, cid, msg_id, _, _ in self._take(tag, multiple, _ACK):
+        taken = self._take(tag, multiple, _ACK)
+        self.stats.ack += len(taken)
+        self.totals.ack += len(taken)
+        nstats = self.nstats
+        for q, cid, msg_id, _, _ in taken:
+            nstats.queue(q.uid).ack += 1
             self._settle_later(q, cid, msg_id)
 
     def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
@@ -764,6 +899,39 @@ class Channel:
             self.node.queue_command_reliable(
                 uid, ["C", qm.encode_command(cmd)],
                 lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
+
+    # ------------------------------------------------------------ management views
+    @property
+    def name(self) -> str:
+        return f"{self.conn.name} ({self.number})"
+
+    def info(self) -> dict[str, Any]:
+        """The channel as RabbitMQ's management API shows it (/api/channels)."""
+        conn = self.conn
+        return {
+            "name": self.name, "number": self.number, "node": self.node.node_name,
+            "vhost": conn.vhost, "user": conn.user, "user_who_performed_action": conn.user,
+            "connection_details": conn.details(), "state": "closing" if self.closed else "running",
+            "consumer_count": len(self.consumers), "messages_unacknowledged": len(self.unacked),
+            "messages_unconfirmed": sum(1 for c in self.outstanding if c.remaining),
+            "messages_uncommitted": len(self.tx_publishes), "acks_uncommitted": len(self.tx_acks),
+            "prefetch_count": self.prefetch, "global_prefetch_count": self.global_prefetch,
+            "confirm": self.confirm, "transactional": self.tx,
+            "message_stats": self.stats.message_stats(),
+        }
+
+    def consumer_infos(self) -> list[dict[str, Any]]:
+        """This channel's consumers as RabbitMQ shows them (/api/consumers)."""
+        details = {"name": self.name, "number": self.number, "node": self.node.node_name,
+                   "connection_name": self.conn.name, "peer_host": self.conn.peer,
+                   "peer_port": self.conn.peer_port, "user": self.conn.user}
+        return [{"consumer_tag": c.tag, "queue": {"name": c.queue.name, "vhost": c.queue.vhost},
+                 "channel_details": details, "ack_required": not c.no_ack,
+                 "exclusive": c.exclusive, "prefetch_count": c.prefetch, "active": True,
+                 "activity_status": "up", "consumer_timeout": c.timeout_ms,
+                 "arguments": {k: v for k, v in c.arguments.items()
+                               if isinstance(v, (str, int, float, bool))}}
+                for c in self.consumers.values()]
 
     # ------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -922,12 +1090,23 @@ class AmqpConnection(asyncio.Protocol):
         self._ticker: asyncio.TimerHandle | None = None
         self.closed = False
         self.write_paused = False  # the transport's buffer is above its high-water mark
+        self.nstats = node_stats(node)
+        self.peer_port = 0
+        self.host = ""
+        self.port = 0
+        self.connected_at = int(time.time() * 1000)
+        self.client_properties: dict[str, Any] = {}
+        self.auth_mechanism = ""
 
     # ------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
+        self.peer_port = int(peer[1]) if peer else 0
+        sock = transport.get_extra_info("sockname")
+        self.host, self.port = (sock[0], int(sock[1])) if sock else ("", 0)
+        self.nstats.start()
         self.node.connections.add(self)
         self._schedule_tick()
 
@@ -1023,6 +1202,8 @@ class AmqpConnection(asyncio.Protocol):
             self.write(amqp.reject_login())
             return
         self.user = event.username
+        self.client_properties = event.client_properties or {}
+        self.auth_mechanism = event.mechanism
         self.write(amqp.accept_login())
 
     def channel_failed(self, ch: Channel, err: ChannelError) -> None:
@@ -1112,6 +1293,31 @@ class AmqpConnection(asyncio.Protocol):
         self._close_channels()
         self.node.connections.discard(self)
         self.node.connection_closed(self.id)
+
+    # ------------------------------------------------------------ management views
+    @property
+    def name(self) -> str:
+        """RabbitMQ's connection name: 'PEER:PORT -> HOST:PORT'."""
+        return f"{self.peer}:{self.peer_port} -> {self.host}:{self.port}"
+
+    def details(self) -> dict[str, Any]:
+        return {"name": self.name, "peer_host": self.peer, "peer_port": self.peer_port}
+
+    def info(self) -> dict[str, Any]:
+        """The connection as RabbitMQ's management API shows it (/api/connections)."""
+        amqp = self.amqp
+        props = self.client_properties
+        return {
+            "name": self.name, "node": self.node.node_name, "type": "network",
+            "state": "closed" if self.closed else "running", "protocol": "AMQP 0-9-1",
+            "vhost": self.vhost, "user": self.user, "user_who_performed_action": self.user,
+            "auth_mechanism": self.auth_mechanism, "ssl": False,
+            "host": self.host, "port": self.port, "peer_host": self.peer,
+            "peer_port": self.peer_port, "connected_at": self.connected_at,
+            "channels": len(self.channels), "channel_max": amqp.channel_max,
+            "frame_max": amqp.frame_max, "timeout": amqp.heartbeat,
+            "client_properties": props,
+        }
 
     def force_close(self, text: str) -> None:
         self.write(self.amqp.close(text))
