@@ -165,9 +165,9 @@ class QueueState:
         "config", "lo", "hi", "returns", "prio_counter", "extra", "ttl_seen", "out_of_order",
         "ready_bytes",
         "consumers", "service", "service_prios", "sac_active", "sac_waiting", "publishers",
-        "blocked", "dlx_pending", "dlx_checked", "dlx_bytes", "dlx_prefetch", "dlx_attached",
+        "rejected", "blocked", "dlx_pending", "dlx_checked", "dlx_bytes", "dlx_prefetch", "dlx_attached",
         "dlx_next_id", "last_active", "timer_at", "since_cursor", "deleted", "dls",
-        "enqueued_total", "dead_lettered_total", "has_limits", "cursor_due",
+        "enqueued_total", "dead_lettered_total", "has_limits", "cursor_due", "msg_id_base",
     )
 
     def __init__(self, config: QueueConfig, created_ms: int | None = None) -> None:
@@ -188,6 +188,14 @@ class QueueState:
         self.sac_active: ConsumerId | None = None
         self.sac_waiting: list[ConsumerId] = []  # by priority desc, then arrival
         self.publishers: dict[ChannelRef, int] = {}  # publisher -> last accepted seq
+        # publisher -> numbers answered REJECTED, as [lo, hi] runs (ascending):
+        # a re-sent rejected number answers REJECTED again, never DUPLICATE
+        self.rejected: dict[ChannelRef, list[list[int]]] = {}
+        # Invariant: a consumer created with a ConsumerId used before starts its
+        # msg ids above every id the earlier one used (a settle of the old ids,
+        # re-sent late, must not settle the new consumer's messages). New
+        # consumers start at this; removed consumers raise it.
+        self.msg_id_base = 0
         self.blocked = False  # reject-publish in force
         # at-least-once dead letters: (record, reason code, delivery count)
         self.dlx_pending: deque[tuple[int, int, int]] = deque()
@@ -470,6 +478,8 @@ def _discard_one(st: QueueState, rec: int) -> None:
 
 def _remove_consumer(st: QueueState, c: Consumer, now: int) -> None:
     del st.consumers[c.cid]
+    if c.next_msg_id > st.msg_id_base:
+        st.msg_id_base = c.next_msg_id
     c.in_service = False
     st.last_active = now
 
@@ -640,6 +650,28 @@ def _emit_release_cursor(st: QueueState, meta: Meta, effects: list[Effect]) -> N
 # ================================================================ handlers
 
 
+#: Runs of rejected numbers kept per publisher (one per blocked period it
+#: lived through); the oldest go first.
+MAX_REJECTED_RUNS = 64
+
+
+def _note_rejected(st: QueueState, pub: ChannelRef, seq: int) -> None:
+    runs = st.rejected.setdefault(pub, [])
+    if runs and runs[-1][1] == seq - 1:
+        runs[-1][1] = seq
+    else:
+        runs.append([seq, seq])
+        if len(runs) > MAX_REJECTED_RUNS:
+            del runs[0]
+
+
+def _was_rejected(st: QueueState, pub: ChannelRef, seq: int) -> bool:
+    runs = st.rejected.get(pub)
+    if not runs:
+        return False
+    return any(lo <= seq <= hi for lo, hi in runs)
+
+
 def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effect]]:
     effects: list[Effect] = []
     pub = cmd.publisher
@@ -651,13 +683,15 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
         last = publishers.get(pub, 0)
         seq = cmd.seq
         if seq <= last:
-            return EnqueueResult.DUPLICATE, effects
+            return (EnqueueResult.REJECTED if _was_rejected(st, pub, seq)
+                    else EnqueueResult.DUPLICATE), effects
         if seq != last + 1:
             return OutOfOrder(last + 1), effects
         publishers[pub] = seq
         if st.blocked:
             if last == 0:
                 effects.append(RejectPublish(pub))
+            _note_rejected(st, pub, seq)
             return EnqueueResult.REJECTED, effects
     elif st.blocked:
         return EnqueueResult.REJECTED, effects
@@ -715,6 +749,7 @@ def _checkout_cmd(meta: Meta, cmd: Checkout, st: QueueState) -> tuple[Reply, lis
     else:
         old = c
         c = Consumer(cid, cmd.priority, cmd.mode, cmd.prefetch, UP)
+        c.next_msg_id = st.msg_id_base
         if old is not None:  # a cancelled consumer re-subscribing keeps its unacked
             c.checked = old.checked
             c.next_msg_id = old.next_msg_id
@@ -808,6 +843,7 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState) -> tuple[Reply, list[Effe
         c = st.consumers.get(cid)
         if c is None:
             c = Consumer(cid, 0, CreditMode.SIMPLE_PREFETCH, 0, DEQUEUE)
+            c.next_msg_id = st.msg_id_base
             st.consumers[cid] = c
         mid = c.next_msg_id
         c.next_msg_id = mid + 1
@@ -908,7 +944,10 @@ def _consumer_down(meta: Meta, cmd: ConsumerDown, st: QueueState) -> tuple[Reply
 def _channel_down(meta: Meta, cmd: ChannelDown, st: QueueState) -> tuple[Reply, list[Effect]]:
     effects: list[Effect] = []
     if not cmd.keep_publisher:
-        st.publishers.pop(cmd.channel, None)
+        # the channel's own identity and its renumbered ones ("ref~N")
+        for pub in [p for p in st.publishers if p == cmd.channel or p.startswith(cmd.channel + "~")]:
+            del st.publishers[pub]
+            st.rejected.pop(pub, None)
     known = dict(cmd.delivered) if cmd.delivered is not None else None
     for c in [c for c in st.consumers.values() if c.cid.channel == cmd.channel]:
         ids = None if known is None else frozenset(known.get(c.cid.tag, ()))

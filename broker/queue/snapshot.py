@@ -68,6 +68,8 @@ def to_plain(st: QueueState) -> dict[str, Any]:
         "sac_active": _cid(st.sac_active) if st.sac_active is not None else None,
         "sac_waiting": [_cid(x) for x in st.sac_waiting],
         "publishers": [[p, s] for p, s in st.publishers.items()],
+        "rejected": [[p, [list(iv) for iv in ivs]] for p, ivs in st.rejected.items()],
+        "msg_id_base": st.msg_id_base,
         "blocked": st.blocked,
         "dlx_pending": [[_enc(r), code, dc] for r, code, dc in st.dlx_pending],
         "dlx_checked": [[i, _enc(r), code, dc] for i, (r, code, dc) in st.dlx_checked.items()],
@@ -109,6 +111,8 @@ def from_plain(d: dict[str, Any]) -> QueueState:
     st.sac_active = _uncid(d["sac_active"]) if d["sac_active"] is not None else None
     st.sac_waiting = [_uncid(x) for x in d["sac_waiting"]]
     st.publishers = {ChannelRef(p): s for p, s in d["publishers"]}
+    st.rejected = {ChannelRef(p): [[lo, hi] for lo, hi in ivs] for p, ivs in d.get("rejected", [])}
+    st.msg_id_base = d.get("msg_id_base", 0)
     st.blocked = d["blocked"]
     st.dlx_pending = deque((_dec(r), code, dc) for r, code, dc in d["dlx_pending"])
     st.dlx_checked = {i: (_dec(r), code, dc) for i, r, code, dc in d["dlx_checked"]}

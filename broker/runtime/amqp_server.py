@@ -227,7 +227,11 @@ class Channel:
     def __init__(self, conn: AmqpConnection, number: int) -> None:
         self.conn = conn
         self.number = number
-        self.ref = ChannelRef(f"{conn.node.incarnation}/{conn.id}/{number}")
+        # Unique per channel open (clients reuse channel numbers): a publisher
+        # identity, with its de-duplication state in every queue, is never
+        # inherited by a later channel with the same number.
+        conn.channel_opens += 1
+        self.ref = ChannelRef(f"{conn.node.incarnation}/{conn.id}/{number}.{conn.channel_opens}")
         self.node = conn.node
         self.busy = False
         self.stats = MsgCounters()
@@ -948,8 +952,13 @@ class Channel:
             self._task.cancel()
         self.flush_settles()
         for session in self.sessions.values():
+            # their outcomes will never be reported: give back the flow-control
+            # credit they hold (the connection may live on)
+            self.conn.inflight -= len(session.pending)
             session.close()
         self.sessions.clear()
+        if self.conn.paused and self.conn.inflight < LOW_WATER:
+            self.conn.resume()
         # What this channel really delivered, per queue and consumer: only
         # those returns count as failed deliveries (see qm.ChannelDown).
         delivered: dict[QueueUid, dict[str, set[int]]] = {}
@@ -1077,6 +1086,7 @@ class AmqpConnection(asyncio.Protocol):
         self.user = ""
         self.vhost = ""
         self.channels: dict[int, Channel] = {}
+        self.channel_opens = 0  # channels opened so far (see Channel.ref)
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.confirms_dirty: set[Channel] = set()

@@ -117,11 +117,17 @@ class Cluster:
         self._pending: dict[tuple[str, str], dict[int, _Request]] = {}
         self._retry_task: asyncio.Task[None] | None = None
         self.on_peer_hello: Callable[[str, str], None] | None = None
+        #: called with a peer's name at every new connection to it (what we
+        #: sent it on the previous one, deliveries included, may be lost)
+        self.on_reconnect: Callable[[str], None] | None = None
+        # queue -> (leader named by a refusal, when): preferred over a possibly
+        # stale metadata record for a few seconds
+        self._hints: dict[tuple[str, str], tuple[str, float]] = {}
         self.transport.on_peer_down = self._peer_down
         # Every (re)connection starts with our hello: the peer learns that
         # whatever we sent it on the previous connection (replies included)
         # may be lost, and re-sends its requests to us (see _on_message "h").
-        self.transport.on_connect = lambda _peer: ["h", self.node.incarnation]
+        self.transport.on_connect = self._connected
         self.on_peer_down: Callable[[str], None] | None = None
 
     async def start(self) -> int:
@@ -207,7 +213,7 @@ class Cluster:
         pending = self._pending.get(key)
         if not pending:
             return
-        leader = self.node.queue_leader(*key)
+        leader = self._leader_for(key)
         if leader == self.name:
             self.node.flush_forwarded(*key)
             return
@@ -222,6 +228,28 @@ class Cluster:
                 continue
             r.target = leader
             self._send_request(r, gen)
+
+    def _connected(self, peer: str) -> Any:
+        """A new connection to `peer`: it starts with our hello; then whatever
+        the node must send again (deliveries lost with the old one)."""
+        if self.on_reconnect is not None:
+            asyncio.get_running_loop().call_soon(self.on_reconnect, peer)
+        return ["h", self.node.incarnation]
+
+    def _leader_for(self, key: tuple[str, str]) -> str | None:
+        """Where a queue's requests go: this node's view (its member's leader,
+        else the metadata record), unless a recent refusal named another
+        leader (the metadata record can lag behind an election)."""
+        hint = self._hints.get(key)
+        if hint is not None:
+            if time.monotonic() - hint[1] < 5.0 and hint[0] in self.peers:
+                own = self.node.queue_leader(*key)
+                q = self.node.queue(*key)
+                if own == self.name or (q is not None and getattr(q, "group", None) is not None):
+                    return own  # a local member knows better than any hint
+                return hint[0]
+            del self._hints[key]
+        return self.node.queue_leader(*key)
 
     def _resync_target(self, peer: str) -> None:
         for key, pending in list(self._pending.items()):
@@ -256,7 +284,7 @@ class Cluster:
                     self._finish(r)
                 if not pending:
                     continue
-                leader = self.node.queue_leader(*key)
+                leader = self._leader_for(key)
                 if leader == self.name:
                     self.node.flush_forwarded(*key)
                     continue
@@ -355,8 +383,12 @@ class Cluster:
         elif status == "not_leader":
             # Refused unapplied (the target is not, or not yet, the leader): the
             # retry loop re-sends the queue's requests, in order, to whoever is
-            # the leader by then (possibly the same node once it is elected).
-            for r in self._pending.get((req.vhost, req.queue), {}).values():
+            # the leader by then (possibly the same node once it is elected),
+            # preferring the leader the refusal names.
+            key = (req.vhost, req.queue)
+            if isinstance(value, str) and value and value != req.target and value in self.peers:
+                self._hints[key] = (value, time.monotonic())
+            for r in self._pending.get(key, {}).values():
                 r.gen = -1
         else:
             # the leader could not apply it (group stopped, queue gone): fail

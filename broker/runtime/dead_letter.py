@@ -22,6 +22,7 @@ this module turns them into publishes to the dead-letter exchange's queues.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -42,6 +43,7 @@ log = logging.getLogger("broker.dead_letter")
 #: Re-route / re-publish a dead letter that had no route or was refused after this.
 RETRY_S = 2.0
 DLX_PREFETCH = 32
+_WORKER_IDS = itertools.count(1)
 
 
 def dead_letter_message(msg: Message, death: dict[str, Any], routing_key: str | None
@@ -114,7 +116,11 @@ class DlxWorker:
         self.letters: dict[int, _Letter] = {}
         self.sessions: dict[QueueUid, PublisherSession] = {}
         self.stopped = False
-        self.publisher = f"{host.incarnation}/dlx/{source.uid[0]}/{source.uid[1]}/{source.uid[2]}"
+        # One identity per worker, never reused: a new worker (leadership came
+        # back, strategy switched) numbering from 1 under an old identity
+        # would have its dead letters answered DUPLICATE and settled unsent.
+        self.publisher = (f"{host.incarnation}/dlx/{source.uid[0]}/{source.uid[1]}/"
+                          f"{source.uid[2]}/{next(_WORKER_IDS)}")
 
     def attach(self) -> None:
         self._command(qm.DlxCheckout(DLX_PREFETCH))

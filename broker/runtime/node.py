@@ -116,6 +116,7 @@ class Node:
             else:
                 members = sorted(initial)
             self.cluster.on_peer_down = self._peer_down
+            self.cluster.on_reconnect = self._peer_reconnected
             await self.cluster.start()
         self.meta = MetadataStore(
             self.node_name, meta_glog,
@@ -361,6 +362,14 @@ class Node:
                 # give up the lease, so a pre-vote can win at once.
                 g.node.leader_unreachable()
                 self._loop.call_later(random.uniform(0.05, 0.3), self._campaign_if_leader_is, g, peer)
+
+    def _peer_reconnected(self, peer: str) -> None:
+        """A new connection from `peer`: deliveries this node's leaders sent to
+        consumers there may have been lost with the old one; send them again
+        (the channels skip what they already hold)."""
+        for q in list(self.queues.values()):
+            if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
+                q.redeliver_checked_out(peer)
 
     def _campaign_if_leader_is(self, g: Any, peer: str) -> None:
         if g.stopped is None and g.leader == peer and not g.is_leader and \

@@ -140,8 +140,12 @@ class PublisherSession:
                 # Numbers below `first` all had final outcomes here, yet the
                 # machine never saw `expected`: only a failure this session
                 # reported as final can leave such a hole. Continue under a
-                # new publisher identity (numbering from 1) rather than stall.
+                # new publisher identity (numbering from 1) rather than stall;
+                # everything in flight belongs to the old identity now, so
+                # the re-send is due whatever round this reply answers.
                 self._new_epoch(r.expected, first)
+                self._retry(self.gen)
+                return
             self._retry(gen)
         else:  # pragma: no cover - the machine has no other enqueue reply
             log.error("%s: unexpected enqueue reply %r for %d", self.name, r, seq)

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.queues")
 
 Message = tuple[bytes, bytes, str, str]  # properties_raw, body, exchange, routing_key
+#: Body bytes per deliveries message sent to a consumer's node.
+DELIVERY_BATCH_BYTES = 16 * 1024 * 1024
 #: A queue's identity: vhost, name and its declaration's creation time (a
 #: queue deleted and declared again is another queue). Channels key their
 #: publish numbering and settles by it, never by the Python object: a
@@ -233,9 +235,25 @@ class QueueProcess:
         if node == self.host.node_name:
             return  # its channel is gone; ChannelDown returns the messages
         has = self._replica_match(node)
-        bodies = {index: self.message(index) for _, index, _, _ in eff.deliveries if index > has}
-        self.host.send_deliveries(node, self.vhost, self.name, eff.consumer.channel,
-                                  eff.consumer.tag, [list(d) for d in eff.deliveries], bodies)
+        # Batches bounded by body bytes: one peer message never nears the
+        # transport's frame limit, whatever the prefetch.
+        batch: list[list[Any]] = []
+        bodies: dict[int, Any] = {}
+        size = 0
+        for d in eff.deliveries:
+            index = d[1]
+            if index > has:
+                msg = self.message(index)
+                if batch and size + len(msg[1]) + len(msg[0]) > DELIVERY_BATCH_BYTES:
+                    self.host.send_deliveries(node, self.vhost, self.name, eff.consumer.channel,
+                                              eff.consumer.tag, batch, bodies)
+                    batch, bodies, size = [], {}, 0
+                bodies[index] = msg
+                size += len(msg[1]) + len(msg[0])
+            batch.append(list(d))
+        if batch:
+            self.host.send_deliveries(node, self.vhost, self.name, eff.consumer.channel,
+                                      eff.consumer.tag, batch, bodies)
 
     def _replica_match(self, node: str) -> int:
         """Highest index `node`'s replica of this queue is known to hold (0: none)."""
@@ -439,13 +457,17 @@ class QuorumQueue(QueueProcess):
         pr = self.group.node.progress.get(NodeId(node))
         return pr.match if pr is not None else 0
 
-    def redeliver_checked_out(self) -> None:
-        """After an election: re-issue deliveries of every checked-out message.
-        Channels ignore ones they already hold (same consumer and msg id), so
-        only deliveries lost with the old leader reach the clients."""
+    def redeliver_checked_out(self, node: str | None = None) -> None:
+        """After an election, or a new connection from `node` (what was sent to
+        it before may be lost): re-issue deliveries of every checked-out
+        message (of consumers on `node` only, when given). Channels ignore
+        ones they already hold (same consumer and msg id), so only lost
+        deliveries reach the clients."""
         st_ = self.state
         for cid, c in list(st_.consumers.items()):
             if not c.checked or cid.tag == DEQUEUE_TAG:
+                continue
+            if node is not None and cid.channel.split("|", 1)[0] != node:
                 continue
             deliveries = []
             for msg_id, record in c.checked.items():

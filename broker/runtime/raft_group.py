@@ -365,6 +365,8 @@ class RaftGroup:
                 glog.save_snapshot(sm.index, sm.term, encode_membership(sm.config), rd.snapshot.data)
             if rd.entries:
                 glog.append(rd.entries)  # raft Entry has the fields storage needs
+                if self._waiters and self.role is not Role.LEADER:
+                    self._overwritten(rd.entries)
             if rd.hard_state is not None:
                 h = rd.hard_state
                 hs = st.HardState(h.term, h.vote, h.commit)
@@ -445,6 +447,21 @@ class RaftGroup:
         self.node.persisted(seq)
         self._kick()
 
+    def _overwritten(self, entries: list[Entry]) -> None:
+        """A leader's entries replaced this node's log from entries[0].index:
+        a proposal waiting at an index now holding another term's entry, or
+        beyond the new end of the log, was truncated away: never applied."""
+        first, last = entries[0].index, entries[-1].index
+        terms = {e.index: e.term for e in entries}
+        for i in [i for i in self._waiters if i >= first]:
+            term, fut = self._waiters[i]
+            if i > last or terms.get(i) != term:
+                del self._waiters[i]
+                self._proposed.pop(i, None)
+                if not fut.done():
+                    fut.set_exception(ProposalReplaced(
+                        f"entry {i} of term {term} was truncated by a new leader"))
+
     def _snapshot_over_waiters(self, index: int) -> None:
         """A snapshot installed at `index` replaces the entries up to it: a
         proposal waiting there will never be applied one by one, and whether
@@ -465,9 +482,16 @@ class RaftGroup:
         if self.stopped is None:
             self.stopped = exc
             # A stopped member leads nothing: its node routes the queue's
-            # commands to whoever the others elect.
+            # commands to whoever the others elect (and stops what it ran
+            # as leader: timers, the dead-letter worker).
+            was_leader = self.role is Role.LEADER
             self.role = Role.FOLLOWER
             self.leader = None
+            if was_leader and self._on_role_change is not None:
+                try:
+                    self._on_role_change(self.role, None)
+                except Exception:  # noqa: BLE001 - stopping anyway
+                    log.exception("group %s: role change on stop failed", self.group_id)
             for _term, fut in self._waiters.values():
                 if not fut.done():
                     fut.set_exception(ProposalFailed(f"group {self.group_id} stopped: {exc}"))

@@ -336,11 +336,12 @@ class PeerTransport:
                 break
             queue.popleft()
             if len(packed) + 16 > self._max_frame:
-                # The receiver would refuse the frame and the connection would
-                # loop; nothing this large is ever produced by the node.
+                # The receiver would refuse the frame. Drop it, and end the
+                # connection so the loss is seen (senders re-send or resync).
                 self.stats.oversized_dropped += 1
                 log.error("%s: dropping a %d-byte message to %s (over the %d-byte frame limit)",
                           self.node, len(packed), out.peer, self._max_frame)
+                out.overflowed = True
                 continue
             parts.append(packed)
             size += len(packed)

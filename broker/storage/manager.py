@@ -285,8 +285,11 @@ class GroupLog:
             try:
                 if self._entry_term_locked(snap.index) == snap.term:
                     return
-            except StorageError:
-                pass
+            except StorageError as exc:
+                # Unreadable: never guess (discarding could drop live bodies
+                # below a local snapshot); the group stops instead.
+                self._fail(exc)
+                return
         log.info("storage: group %r: snapshot %d/%d does not match the log: discarding the log",
                  self.group_id, snap.index, snap.term)
         self._mem.clear()

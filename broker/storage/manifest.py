@@ -108,6 +108,7 @@ def node_manifest(data_dir: str) -> dict[str, Any]:
             deleting.append({"dir": name, "bytes": _dir_bytes(path)})
         elif os.path.isdir(path):
             groups.append(group_manifest(path))
+    disk: dict[str, int | None]
     try:
         usage = shutil.disk_usage(data_dir)
         disk = {"total_bytes": usage.total, "free_bytes": usage.free}

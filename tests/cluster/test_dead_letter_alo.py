@@ -58,3 +58,41 @@ async def test_dead_letters_wait_for_a_missing_target_and_survive_a_leader_chang
     assert set(got) == set(bodies)  # none lost (a duplicate is allowed)
     assert len(got) - len(set(got)) <= 40
     print(f"\ndead letters delivered: {len(got)} ({len(got) - len(set(got))} duplicates)")
+
+
+async def test_a_new_worker_on_the_same_node_delivers_its_dead_letters(
+        nodes: list[Node]) -> None:  # noqa: F811
+    """Safety review of issue 10: a second dead-letter worker on the same node
+    (leadership gone and back) reused the first one's publisher identity; the
+    target answered its first dead letters DUPLICATE and they were settled in
+    the source without ever being delivered."""
+    n0, n1, n2 = nodes
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n0.port}/")
+    ch = await conn.channel(publisher_confirms=True)
+    await ch.declare_queue("alo-dlq", durable=True, arguments={"x-queue-type": "quorum"})
+    await ch.declare_queue("alo-src", durable=True, arguments=ARGS)
+
+    def count(node: Node, name: str) -> int:
+        return node.queues[("/", name)].overview()["messages"]
+
+    async def publish_and_wait(prefix: str, total: int) -> None:
+        for i in range(10):
+            await ch.default_exchange.publish(aio_pika.Message(b"%s-%d" % (prefix.encode(), i)),
+                                              routing_key="alo-src")
+        await _until(lambda: count(n0, "alo-src") == 0 and count(n0, "alo-dlq") == total
+                     if n0.queues[("/", "alo-dlq")].is_leader else
+                     n0.queues[("/", "alo-src")].overview()["messages_dlx"] == 0, timeout=60)
+    await publish_and_wait("first", 10)
+    await n0.membership.transfer_leader("/", "alo-src", n1.node_name)
+    await n0.membership.transfer_leader("/", "alo-src", n0.node_name)  # a second worker on n0
+    await publish_and_wait("second", 20)
+
+    dlq = await ch.get_queue("alo-dlq", ensure=False)
+    got: set[bytes] = set()
+    while True:
+        msg = await dlq.get(no_ack=True, fail=False, timeout=5)
+        if msg is None:
+            break
+        got.add(msg.body)
+    await conn.close()
+    assert got == {b"%s-%d" % (p, i) for p in (b"first", b"second") for i in range(10)}

@@ -11,6 +11,7 @@ from broker.queue import (
     ChannelRef,
     Checkout,
     ConsumerDown,
+    ConsumerId,
     Credit,
     CreditMode,
     CreditReply,
@@ -35,6 +36,7 @@ from broker.queue import (
     pack,
 )
 from broker.queue.machine import RELEASE_CURSOR_INTERVAL
+from broker.queue.types import DEQUEUE_TAG
 
 from .harness import Harness, cid, delivered, delivered_indexes, of_type
 
@@ -190,7 +192,9 @@ def test_channel_down_returns_checked_out_messages_and_counts_a_delivery() -> No
     h.run(ChannelDown(ChannelRef("ch1")))
     assert h.state.consumers == {}
     _, eff = h.consume(cid("ch2", "b"), prefetch=10)
-    assert delivered(eff) == [(0, idx[0], 1, True), (1, idx[1], 1, True), (2, idx[2], 0, False)]
+    # msg ids continue above the ones the removed consumer used (a late settle
+    # of those must never match these)
+    assert delivered(eff) == [(2, idx[0], 1, True), (3, idx[1], 1, True), (4, idx[2], 0, False)]
 
 
 def test_consumer_down_returns_only_that_consumers_messages() -> None:
@@ -367,9 +371,25 @@ def test_channel_down_counts_only_deliveries_that_reached_the_client() -> None:
         h.consume(prefetch=2)
         h.run(ChannelDown(cid().channel, delivered=()))
     assert h.state.messages_ready() == 2
-    h.consume(prefetch=2)  # this one did deliver both (msg ids 0 and 1): counted
-    h.run(ChannelDown(cid().channel, delivered=(("c1", (0, 1)),)))
+    h.consume(prefetch=2)  # this one did deliver both (msg ids 10 and 11): counted
+    h.run(ChannelDown(cid().channel, delivered=(("c1", (10, 11)),)))
     assert h.state.messages_ready() == 2
     h.consume(prefetch=2)
     h.run(ChannelDown(cid().channel))  # delivered unknown: counted again, over the limit
     assert h.state.messages_total() == 0
+
+
+def test_a_late_settle_never_settles_a_new_consumers_message_with_the_same_id() -> None:
+    """Chaos run n3-s1012 (issue 10): a basic.get's ack was re-sent after a
+    leader change; by then the channel's next basic.get had checked out
+    another message under the same pseudo-consumer and msg id 0, and the late
+    settle removed it: a confirmed message never reached any client."""
+    h = Harness()
+    idx = h.enqueue(2)
+    g = ChannelRef("getter")
+    first = h.run(Dequeue(g, settled=False))[0]
+    h.run(Settle(ConsumerId(g, DEQUEUE_TAG), (first.msg_id,)))
+    second = h.run(Dequeue(g, settled=False))[0]
+    assert second.raft_index == idx[1] and second.msg_id != first.msg_id
+    h.run(Settle(ConsumerId(g, DEQUEUE_TAG), (first.msg_id,)))  # the re-sent ack
+    assert h.state.messages_checked_out() == 1

@@ -31,6 +31,8 @@ from broker.queue import (
     Tick,
     UpdateConfig,
 )
+from broker.queue import restore as qm_restore
+from broker.queue import snapshot as qm_snapshot
 
 from .harness import Harness, cid, delivered, delivered_indexes, of_type
 
@@ -360,3 +362,21 @@ def test_release_cursor_counts_messages_dead_lettered_by_the_same_command() -> N
     cursors = of_type(eff, ReleaseCursor)
     assert cursors, eff
     assert all(c.smallest_live_index == idx[0] for c in cursors)
+
+
+def test_a_rejected_publish_sent_again_is_rejected_again_not_a_duplicate() -> None:
+    """Safety review of issue 10: a REJECTED number consumed the sequence, so a
+    re-send of it (its reply lost with a connection) answered DUPLICATE and
+    was confirmed although never enqueued."""
+    h = Harness(max_length=1, overflow="reject-publish")
+    p = ChannelRef("p")
+    assert [h.run(Enqueue(p, s, 1))[0] for s in (1, 2, 3)] == [
+        EnqueueResult.ACCEPTED, EnqueueResult.ACCEPTED, EnqueueResult.REJECTED]
+    assert h.run(Enqueue(p, 3, 1))[0] is EnqueueResult.REJECTED
+    assert h.run(Enqueue(p, 2, 1))[0] is EnqueueResult.DUPLICATE
+    h.run(Dequeue(ChannelRef("g"), settled=True))
+    h.run(Dequeue(ChannelRef("g"), settled=True))
+    assert h.run(Enqueue(p, 4, 1))[0] is EnqueueResult.ACCEPTED
+    assert h.run(Enqueue(p, 3, 1))[0] is EnqueueResult.REJECTED  # still remembered
+    snap = qm_restore(qm_snapshot(h.state))
+    assert snap.rejected == h.state.rejected

@@ -117,6 +117,7 @@ class QueueModel(RuleBasedStateMachine):
         self.now = 0
         self.msgs: dict[int, Msg] = {}
         self.last_seq: dict[ChannelRef, int] = {}
+        self.rejected_seqs: dict[ChannelRef, set[int]] = {}
         self.prefetch: dict[ConsumerId, int] = {}
         self.last_first: dict[bool, int] = {True: 0, False: 0}
 
@@ -269,13 +270,17 @@ class QueueModel(RuleBasedStateMachine):
         msg = Msg(self.index + 1, size, prio is not None and prio > 4, expiry)
         reply, _ = self._apply(Enqueue(pub, seq, size, prio, expiration), Step(), new=msg)
         if dup:
-            assert reply is EnqueueResult.DUPLICATE
+            expected = (EnqueueResult.REJECTED if seq in self.rejected_seqs.get(pub, set())
+                        else EnqueueResult.DUPLICATE)
+            assert reply is expected
         elif gap:
             assert reply == OutOfOrder(last + 1)
         else:
             if pub is not None:
                 self.last_seq[pub] = seq
             if reply is EnqueueResult.REJECTED:
+                if pub is not None:
+                    self.rejected_seqs.setdefault(pub, set()).add(seq)
                 assert self.cfg.overflow == "reject-publish"
                 assert self.cfg.max_length is not None
                 assert before_count > (self.cfg.max_length * 4) // 5
@@ -337,6 +342,7 @@ class QueueModel(RuleBasedStateMachine):
         idxs = {m.idx for m in self.msgs.values()
                 if isinstance(m.loc, tuple) and m.loc[1].channel == ch}  # type: ignore[attr-defined]
         self.last_seq.pop(ch, None)
+        self.rejected_seqs.pop(ch, None)
         self._apply(ChannelDown(ch), Step(returned=idxs))
 
     @rule(ch=st.sampled_from(CHANNELS), settled=st.booleans())

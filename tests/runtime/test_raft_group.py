@@ -208,3 +208,36 @@ async def test_unexpected_error_while_applying_stops_the_group_and_fails_its_wai
             m.group.propose("after")
     finally:
         m.close()
+
+
+async def test_proposals_truncated_by_a_new_leader_fail_even_on_a_quiet_group(tmp_path: Path) -> None:
+    """Safety review of issue 10: an isolated leader's proposals beyond the new
+    leader's log end are truncated when it rejoins; nothing is ever written at
+    those indexes on a quiet group, so their waiters must fail right then
+    (ProposalReplaced: never applied, safe to send again), not wait for ever."""
+    from broker.runtime.raft_group import ProposalReplaced
+
+    names = ["a", "b", "c"]
+    net = Net()
+    for n in names:
+        net.members[n] = Member(n, tmp_path / n, names, net)
+
+    def tick_all() -> None:
+        for mem in net.members.values():
+            mem.group.tick()
+
+    try:
+        await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
+        old = next(m for m in net.members.values() if m.group.is_leader)
+        assert (await asyncio.wait_for(old.group.propose("first"), 20)) == ("applied", "first")
+        net.cut.add(old.name)
+        stuck = [old.group.propose(f"lost-{i}") for i in range(3)]
+        others = [m for m in net.members.values() if m is not old]
+        await _until(lambda: any(m.group.is_leader for m in others), tick_all)
+        net.cut.clear()  # the new leader has only its no-op: the group stays quiet
+        await _until(lambda: all(f.done() for f in stuck), tick_all)
+        assert all(isinstance(f.exception(), ProposalReplaced) for f in stuck)
+        assert not any(p.startswith("lost") for _, p in old.applied if isinstance(p, str))
+    finally:
+        for m in net.members.values():
+            m.close()
