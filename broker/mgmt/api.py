@@ -999,9 +999,17 @@ def _find(items: list[dict[str, Any]], name: str, what: str) -> dict[str, Any]:
     raise ApiError(404, f"no {what} '{name}' on this node", error="Object Not Found")
 
 
+def _in_vhost(c: Ctx, request: web.Request, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    vhost = request.match_info.get("vhost")
+    if vhost is None:
+        return items
+    c.need_vhost(vhost)
+    return [i for i in items if i["vhost"] == vhost]
+
+
 async def list_connections(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response(v.connections(c.node, c.name, c.sees_all()))
+    return web.json_response(_in_vhost(c, request, v.connections(c.node, c.name, c.sees_all())))
 
 
 async def get_connection(request: web.Request) -> web.Response:
@@ -1035,7 +1043,7 @@ async def connection_channels(request: web.Request) -> web.Response:
 
 async def list_channels(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response(v.channels(c.node, c.name, c.sees_all()))
+    return web.json_response(_in_vhost(c, request, v.channels(c.node, c.name, c.sees_all())))
 
 
 async def get_channel(request: web.Request) -> web.Response:
@@ -1311,6 +1319,8 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", "/api/connections/{name}", delete_connection),
     ("GET", "/api/connections/{name}/channels", connection_channels),
     ("GET", "/api/channels", list_channels),
+    ("GET", "/api/vhosts/{vhost}/connections", list_connections),
+    ("GET", "/api/vhosts/{vhost}/channels", list_channels),
     ("GET", "/api/channels/{name}", get_channel),
     ("GET", "/api/consumers", list_consumers),
     ("GET", "/api/consumers/{vhost}", list_consumers),

@@ -371,6 +371,12 @@ PATHS: dict[str, Any] = {
         "a connection's channels", {"200": _json(_list_of("Channel"), "list")}, ("name",))},
     "/api/channels": {"get": _op("this node's channels, with message_stats",
                                  {"200": _json(_list_of("Channel"), "list")})},
+    "/api/vhosts/{vhost}/connections": {"get": _op(
+        "this node's connections in a vhost", {"200": _json(_list_of("Connection"), "list")},
+        ("vhost",))},
+    "/api/vhosts/{vhost}/channels": {"get": _op(
+        "this node's channels in a vhost", {"200": _json(_list_of("Channel"), "list")},
+        ("vhost",))},
     "/api/channels/{name}": {"get": _op("one channel", {"200": _json(_ref("Channel"), "channel")},
                                         ("name",))},
     "/api/consumers": {"get": _op("this node's consumers",

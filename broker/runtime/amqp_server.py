@@ -128,10 +128,11 @@ class NodeStats:
     def _tick(self) -> None:
         now = time.monotonic()
         self.totals.sample(now)
-        live = {(vh, n) for vh, n in self.node.queues}
+        queues = self.node.queues
         for uid in list(self.queues):
-            if (uid[0], uid[1]) not in live:
-                del self.queues[uid]  # deleted queue
+            q = queues.get((uid[0], uid[1]))
+            if q is None or getattr(q, "uid", uid) != uid:
+                del self.queues[uid]  # deleted (or deleted and declared again)
             else:
                 self.queues[uid].sample(now)
         for conn in list(self.node.connections):

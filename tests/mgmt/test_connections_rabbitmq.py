@@ -83,12 +83,16 @@ def scenario(api: Api, port: int) -> dict[str, Any]:
     status, one = api.get(f"/api/connections/{_q(c0['name'])}")
     out["get_connection"] = (status, one["name"] == c0["name"])
     out["missing_connection"] = api.get("/api/connections/nope")[0]
+    status, in_vhost = api.get("/api/vhosts/%2F/connections")
+    out["vhost_connections"] = (status, [c["name"] for c in in_vhost].count(c0["name"]))
+    out["other_vhost"] = api.get("/api/vhosts/nope/connections")[0]
     chans = wait_for(listed(f"/api/connections/{_q(c0['name'])}/channels", 2), 30, "channels")
     by_number = {c["number"]: c for c in chans}
     out["channels"] = sorted((c["number"], c["consumer_count"], c["confirm"], c["prefetch_count"])
                              for c in chans)
     out["channel_keys"] = CHANNEL_KEYS - chans[0].keys()
     status, one = api.get(f"/api/channels/{_q(by_number[2]['name'])}")
+    out["vhost_channels"] = api.get("/api/vhosts/%2F/channels")[0]
     out["get_channel"] = (status, one["number"], one["messages_unacknowledged"])
     consumers = wait_for(listed("/api/consumers/%2F", 1), 30, "the consumer listed")
     cs = [x for x in consumers if x["consumer_tag"] == "ct1"]
