@@ -28,12 +28,25 @@ _U64 = (1 << 64) - 1
 
 
 def _enc(rec: int) -> int | list[int]:
-    """msgpack ints stop at 64 bits; records with an expiry are wider."""
-    return rec if rec <= _U64 else [rec >> 64, rec & _U64]
+    """msgpack ints stop at 64 bits; records with an expiry are wider (the
+    expiry, a wall-clock time in ms, sits above bit 96): 64-bit limbs, most
+    significant first."""
+    if rec <= _U64:
+        return rec
+    limbs = []
+    while rec:
+        limbs.append(rec & _U64)
+        rec >>= 64
+    return limbs[::-1]
 
 
 def _dec(v: int | list[int]) -> int:
-    return v if isinstance(v, int) else (v[0] << 64) | v[1]
+    if isinstance(v, int):
+        return v
+    out = 0
+    for limb in v:
+        out = (out << 64) | limb
+    return out
 
 
 def _cid(c: ConsumerId) -> list[str]:

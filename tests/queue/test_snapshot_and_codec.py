@@ -117,3 +117,19 @@ def test_x_death_same_queue_and_reason_increments_and_moves_to_front() -> None:
     assert h3["x-first-death-queue"] == "a" and h3["x-last-death-queue"] == "a"
     assert h2["x-last-death-reason"] == "expired" and h2["x-first-death-reason"] == "rejected"
     assert h1["x-death"][0]["count"] == 1  # inputs are not mutated
+
+
+def test_snapshot_of_messages_with_a_real_wall_clock_expiry() -> None:
+    """A record with an expiry holds the expiry (ms since 1970) above bit 96:
+    the snapshot split it in two 64-bit halves and the upper half overflowed
+    msgpack, so a queue with a TTL could never be snapshotted (found by the
+    chaos suite: the group stopped at its first snapshot)."""
+    from broker.queue import Enqueue, Meta, apply, new_state, parse_queue_arguments, restore, snapshot
+    from broker.queue.types import ChannelRef
+
+    st = new_state(parse_queue_arguments({"x-message-ttl": 8000}, "q", "/"))
+    now = 1_795_470_000_000  # November 2026
+    for i in range(1, 4):
+        st, _, _ = apply(Meta(10**9 + i, 3, now), Enqueue(ChannelRef("p"), i, 5), st)
+    again = restore(snapshot(st))
+    assert list(again.lo) == list(st.lo) and again.smallest_live_index() == 10**9 + 1
