@@ -124,7 +124,15 @@ def test_snapshot_of_messages_with_a_real_wall_clock_expiry() -> None:
     the snapshot split it in two 64-bit halves and the upper half overflowed
     msgpack, so a queue with a TTL could never be snapshotted (found by the
     chaos suite: the group stopped at its first snapshot)."""
-    from broker.queue import Enqueue, Meta, apply, new_state, parse_queue_arguments, restore, snapshot
+    from broker.queue import (
+        Enqueue,
+        Meta,
+        apply,
+        new_state,
+        parse_queue_arguments,
+        restore,
+        snapshot,
+    )
     from broker.queue.types import ChannelRef
 
     st = new_state(parse_queue_arguments({"x-message-ttl": 8000}, "q", "/"))
