@@ -2,7 +2,8 @@
 
 Fixed seeds, a few minutes in all: 3 nodes with partitions, kills, pauses and
 membership changes; 5 nodes with rings, one-way cuts, kills and membership
-changes; 3 nodes with message TTL and at-most-once dead lettering. Each must
+changes; 3 nodes with message TTL and at-least-once dead lettering (the
+dead-letter queue is drained and checked too). Each must
 lose nothing confirmed and deliver nothing never published. A failure names
 the seed, the results directory (history.jsonl, summary.json, node logs) and
 the command that replays the schedule. Long schedules: `make chaos`.
@@ -29,7 +30,7 @@ SCHEDULES = {
                          nemesis="partition-halves,isolate-leader,kill,pause,membership"),
     "5-nodes": RunConfig(nodes=5, seed=202, duration=45,
                          nemesis="partition-ring,one-way,isolate-leader,kill,membership"),
-    "3-nodes-ttl-dlx": RunConfig(nodes=3, seed=303, duration=30, variant="ttl-amo",
+    "3-nodes-ttl-dlx": RunConfig(nodes=3, seed=303, duration=30, variant="ttl-alo",
                                  nemesis="isolate-random,kill,membership", consumers=1, getters=0),
 }
 
