@@ -18,6 +18,7 @@ import asyncio
 import base64
 import itertools
 import json
+import multiprocessing
 import os
 import threading
 import time
@@ -148,7 +149,7 @@ class KubeApi:
         req.add_header("Content-Type", "application/merge-patch+json" if method == "PATCH"
                        else "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=30) as resp:  # a loaded machine is slow
                 return resp.status, json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
@@ -176,6 +177,44 @@ class KubeApi:
         assert status == 200, out
         return [e for e in out["items"]
                 if name is None or e.get("involvedObject", {}).get("name") == name]
+
+
+def _serve_in_process(conn: Any) -> None:
+    api = KubeApi()
+    conn.send(api.url)
+    try:
+        conn.recv()  # until the parent closes it (or dies)
+    except EOFError:
+        pass
+    api.close()
+
+
+class KubeApiProcess(KubeApi):
+    """The same stand-in API in a process of its own: a test process busy with
+    client threads and kopf must not starve the API server (a real one does not
+    share a GIL with its clients)."""
+
+    def __init__(self) -> None:  # no thread here: the child process runs KubeApi
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_in_process, args=(child,), daemon=True,
+                                 name="kmock")
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(60):
+            self._proc.kill()
+            raise RuntimeError("kmock did not start")
+        self.url = str(self._conn.recv())
+
+    def close(self) -> None:
+        try:
+            self._conn.send("stop")
+        except OSError:
+            pass
+        self._proc.join(15)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
 
 
 PLURALS = {"Secret": "secrets", "ConfigMap": "configmaps", "Pod": "pods",

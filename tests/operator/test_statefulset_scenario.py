@@ -40,7 +40,7 @@ from tests.e2e.broker_proc import free_port
 from tests.k8s.helm import one, render
 
 from . import manifests as m
-from .conftest import GROUP, NS, KubeApi, wait_for
+from .conftest import GROUP, NS, KubeApi, KubeApiProcess, wait_for
 from .player import NODE_NAME_TEMPLATE, StatefulSetPlayer, addr
 
 SEED = 20261123
@@ -95,6 +95,17 @@ class Mgmt:
 
     def queues(self) -> dict[str, dict[str, Any]]:
         return {q["name"]: q for q in self.get("/api/queues/%2F") if q.get("type") == "quorum"}
+
+
+@pytest.fixture
+def kube() -> Iterator[KubeApi]:
+    """The stand-in API in its own process (this test process runs 16 client threads,
+    kopf and the player)."""
+    api = KubeApiProcess()
+    try:
+        yield api
+    finally:
+        api.close()
 
 
 @pytest.fixture
@@ -162,7 +173,7 @@ def leader_counts(mgmt: Mgmt, pods: int) -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)  # a guard against hangs; it takes 1-3.5 min
 def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any]) -> None:
     player: StatefulSetPlayer = world["player"]
     mgmt: Mgmt = world["mgmt"]
@@ -201,13 +212,17 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
     def phase(name: str) -> None:
         phases.append((name, history.now()))
 
+    scanned = [0, 0]  # events looked at, confirms among them (the history only grows)
+
     def confirmed() -> int:
-        return sum(1 for e in list(history.events) if e.get("f") == "enqueue"
-                   and e["type"] == "ok")
+        events = history.events[scanned[0]:]
+        scanned[0] += len(events)
+        scanned[1] += sum(1 for e in events if e.get("f") == "enqueue" and e["type"] == "ok")
+        return scanned[1]
 
     def progressing(more: int = 30) -> None:
         base = confirmed()
-        wait_for(lambda: confirmed() >= base + more, 60, f"{more} more confirms")
+        wait_for(lambda: confirmed() >= base + more, 60, f"{more} more confirms", interval=0.3)
 
     try:
         declare(QUEUES)
