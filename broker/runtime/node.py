@@ -84,6 +84,7 @@ class Node:
         # Queue members on this node that could not start (their storage is
         # unusable): queue key -> reason. Reported by status and health checks.
         self.failed_members: dict[tuple[str, str], str] = {}
+        self._stopping = False
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -158,6 +159,11 @@ class Node:
             self.mgmt = await start_servers(self)
 
     async def stop(self) -> None:
+        # From here on, callbacks from storage threads and late Readies must
+        # not touch closed storage or transport (nor report groups stopped).
+        self._stopping = True
+        for g in list(self._groups_by_id.values()):
+            g.shutting_down = True
         if self.mgmt is not None:
             await self.mgmt.close()
             self.mgmt = None
@@ -235,12 +241,12 @@ class Node:
 
     def _durable(self, group_id: str) -> None:
         g = self._groups_by_id.get(group_id)
-        if g is not None:
+        if g is not None and not self._stopping:
             g.on_durable()
 
     def _storage_error(self, group_id: str, exc: BaseException) -> None:
         g = self._groups_by_id.get(group_id)
-        if g is not None:
+        if g is not None and not self._stopping:
             g.on_storage_error(exc)
 
     def log_status(self) -> None:

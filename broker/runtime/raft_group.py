@@ -253,6 +253,7 @@ class RaftGroup:
         # index -> (term, timestamp, payload) of this leader's own hot-path proposals
         self._proposed: dict[int, tuple[int, int, Any]] = {}
         self.stopped: BaseException | None = None
+        self.shutting_down = False  # set by the node when it stops
         self.role = Role.FOLLOWER
         self.leader: NodeId | None = None
         self.applied_index = applied
@@ -334,6 +335,8 @@ class RaftGroup:
 
     def _process(self) -> None:
         self._scheduled = False
+        if self.shutting_down:
+            return  # the node is stopping: storage and peers are going away
         node = self.node
         try:
             while self.stopped is None and node.has_ready():

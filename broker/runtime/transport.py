@@ -168,6 +168,7 @@ class PeerTransport:
         self._inbound: set[asyncio.Task[None]] = set()
         self._inbound_writers: set[asyncio.StreamWriter] = set()
         self.stats = TransportStats()
+        self._closed = False
         #: called with a peer's name when our connection to it breaks
         self.on_peer_down: Callable[[str], None] | None = None
         #: called with a peer's name when a connection to it is established:
@@ -191,6 +192,7 @@ class PeerTransport:
         return self._port
 
     async def close(self) -> None:
+        self._closed = True
         if self._server is not None:
             self._server.close()
         for out in self._peers.values():
@@ -236,6 +238,8 @@ class PeerTransport:
         """Queue `message` for `peer` (batched with whatever else is queued)."""
         out = self._peers.get(peer)
         if out is None:
+            if self._closed:
+                return  # shutting down: nothing goes out any more
             raise KeyError(f"unknown peer {peer!r}: add_peer() it first")
         if len(out.queue) >= self._max_queued:
             out.queue.popleft()
