@@ -262,6 +262,16 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
                           and max(c.values()) <= math.ceil(total / 3) and c, 60,
                           "leaders balanced")
         assert max(counts.values()) <= bound
+        # the resources say so too: status members are the broker's, MembershipSynced
+        views = mgmt.queues()
+
+        def status_synced(name: str) -> bool:
+            st = (kube.get(GROUP, "quorumqueues", name) or {}).get("status") or {}
+            synced = [c for c in st.get("conditions", []) if c["type"] == "MembershipSynced"]
+            return (sorted(st.get("members", [])) == sorted(views[name]["members"])
+                    and bool(synced) and synced[0]["status"] == "True")
+        for name in declared:
+            wait_for(lambda name=name: status_synced(name), 30, f"{name} status synced")
         progressing()
         phase("drain")
     except BaseException:
@@ -330,4 +340,10 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
         expected = "LEAVING" if r.ordinal >= r.desired else "RESTARTING"
         assert expected in r.output, r.output
     assert not player.records["crashes"], player.records["crashes"]
+    # the operator grew the target-5 queues onto the new pods (Events on the resources)
+    grown = [e["message"] for e in kube.events() if e["reason"] == "AddMember"]
+    for name, target in QUEUES.items():
+        if target == 5:
+            assert any(f"'{name}' on {node(3)}" in g for g in grown), grown
+            assert any(f"'{name}' on {node(4)}" in g for g in grown), grown
     player.check()
