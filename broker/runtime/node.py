@@ -32,6 +32,8 @@ from broker.common.config import Config, ConfigError, load_config
 from broker.raft import RaftConfig
 
 from .amqp_server import AmqpConnection, reply_detail
+from .classic import DurableClassicQueue
+from .classic import group_id as classic_group_id
 from .cluster import Cluster, NotLeaderHere
 from .dead_letter import dead_letter_message, dl_cycle
 from .definitions import DefinitionsError, load_definitions_file
@@ -70,6 +72,8 @@ class Node:
         self._server: asyncio.base_events.Server | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._groups_by_id: dict[str, Any] = {}
+        # durable classic queues on this node, by storage group id (runtime/classic.py)
+        self._classic_logs: dict[str, DurableClassicQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server_names = 0
         self._auto_delete_pending: set[tuple[str, str]] = set()
@@ -143,6 +147,7 @@ class Node:
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
             self._start_queue(record)
+        self._drop_orphan_classic_logs()
         if fresh and self.config["load_definitions"] and self.meta.group.is_leader:
             # Once, by the node that created the cluster, before clients can connect.
             await load_definitions_file(self, self.config["load_definitions"])
@@ -240,12 +245,12 @@ class Node:
                 g.tick()
 
     def _durable(self, group_id: str) -> None:
-        g = self._groups_by_id.get(group_id)
+        g = self._groups_by_id.get(group_id) or self._classic_logs.get(group_id)
         if g is not None and not self._stopping:
             g.on_durable()
 
     def _storage_error(self, group_id: str, exc: BaseException) -> None:
-        g = self._groups_by_id.get(group_id)
+        g = self._groups_by_id.get(group_id) or self._classic_logs.get(group_id)
         if g is not None and not self._stopping:
             g.on_storage_error(exc)
 
@@ -609,6 +614,24 @@ class Node:
             if len(record.members) == 1 or (record.leader == self.node_name
                                             and q.group.glog.last_index() == 0):  # type: ignore[union-attr]
                 self._campaign_until_led(q, time.monotonic() + 5.0)
+        elif _durable_classic(record):
+            assert self.storage is not None
+            gid = classic_group_id(record.vhost, record.name, record.created_at)
+            glog = None
+            try:
+                glog = self.storage.open_group(gid)
+                q = DurableClassicQueue(self, record.vhost, record.name, config, glog,
+                                        self.config["raft.snapshot_interval"])
+            except Exception as exc:  # noqa: BLE001 - unusable data (corrupt file, bad entry)
+                # Node-local: there is no other copy to serve it. The queue
+                # stays down (reported like a stopped member); the node goes on.
+                log.error("classic queue %s/%s: could not recover its log: %s", record.vhost,
+                          record.name, exc)
+                self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+                if glog is not None:
+                    glog.close()
+                return
+            self._classic_logs[gid] = q
         else:
             q = ClassicQueue(self, record.vhost, record.name, config)
         q.uid = uid
@@ -677,6 +700,9 @@ class Node:
     def _stop_queue(self, record: md.QueueRecord) -> None:
         q = self.queues.pop((record.vhost, record.name), None)
         if q is None:
+            if self.failed_members.pop((record.vhost, record.name), None) is not None and \
+                    _durable_classic(record) and self.node_name in record.members:
+                self._drop_classic_log(classic_group_id(record.vhost, record.name, record.created_at))
             return
         for consumer in list(q.consumers.values()):
             consumer.cancelled_by_server()
@@ -684,6 +710,30 @@ class Node:
         q.close()
         if isinstance(q, QuorumQueue):
             self._drop_group(q)
+        elif isinstance(q, DurableClassicQueue):
+            q.glog.close()
+            self._drop_classic_log(q.group_id)
+
+    def _drop_classic_log(self, gid: str) -> None:
+        """A durable classic queue is deleted: its log goes too."""
+        self._classic_logs.pop(gid, None)
+        try:
+            assert self.storage is not None
+            self.storage.delete_group(gid)
+        except st.StorageError as exc:
+            log.error("could not delete the data of %s: %s", gid, exc)
+
+    def _drop_orphan_classic_logs(self) -> None:
+        """Logs of durable classic queues deleted while this node was down
+        (a metadata snapshot carries no deletion): the group id holds the
+        declaration's creation time, so a log whose record is gone is garbage."""
+        assert self.storage is not None
+        want = {classic_group_id(r.vhost, r.name, r.created_at)
+                for r in self.meta.state.queues.values() if _durable_classic(r)}
+        for gid in self.storage.group_ids():
+            if gid.startswith("classic:") and gid not in want:
+                log.info("deleting the log of a deleted classic queue: %s", gid)
+                self._drop_classic_log(gid)
 
     def _push_policy(self, vhost: str, name: str) -> None:
         q = self.queues.get((vhost, name))
@@ -883,6 +933,13 @@ class Node:
                     fut.add_done_callback(_log_failure)
                 except Exception as exc:
                     log.warning("dead letter to %s failed: %s", qname, exc)
+
+
+def _durable_classic(record: md.QueueRecord) -> bool:
+    """Classic queues whose persistent messages survive a restart (RabbitMQ:
+    durable ones; exclusive and auto-delete queues are temporaries here)."""
+    return (record.type != "quorum" and record.durable and record.exclusive_owner is None
+            and not record.auto_delete)
 
 
 def _qq_args(args: dict[str, Any]) -> dict[str, Any]:
