@@ -597,7 +597,19 @@ class Channel:
     async def _get(self, q: QueueProcess, m: C.Basic.Get) -> None:
         reply = await self.node.queue_command(q, qm.Dequeue(self.ref, bool(m.no_ack)))
         if isinstance(reply, qm.Dequeued):
-            msg = q.message(reply.raft_index)
+            found = self.node.dequeued_message(q, reply.raft_index)
+            if found is None:
+                # The body is not on this node any more (its member went away
+                # while the get was in flight): give the message back, answer
+                # empty rather than fail the connection.
+                log.warning("%s: basic.get body %d not readable here; returned", q.name,
+                            reply.raft_index)
+                if not m.no_ack:
+                    self.node.queue_command_reliable(q.uid, ["C", qm.encode_command(qm.Return(
+                        ConsumerId(self.ref, DEQUEUE_TAG), (reply.msg_id,)))])
+                self.send(C.Basic.GetEmpty())
+                return
+            msg = found
             tag = self.next_tag
             self.next_tag += 1
             for st in (self.stats, self.totals, self.nstats.queue(q.uid)):

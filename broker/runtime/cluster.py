@@ -374,9 +374,11 @@ class Cluster:
             self._finish(req)
             if isinstance(value, list) and value and value[0] == "dqb":
                 result = decode_reply(value[1])
-                q = self.node.queue(req.vhost, req.queue)
-                if q is not None and value[2] is not None:
-                    q._remember(result.raft_index, tuple(value[2]))
+                if value[2] is not None:
+                    # kept by the node, not by a queue process that a
+                    # membership change may replace before the get reads it
+                    self.node.remember_dequeued(req.vhost, req.queue, result.raft_index,
+                                                tuple(value[2]))
                 req.future.set_result(result)
                 return
             req.future.set_result(decode_reply(value))

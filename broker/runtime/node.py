@@ -89,6 +89,7 @@ class Node:
         # unusable): queue key -> reason. Reported by status and health checks.
         self.failed_members: dict[tuple[str, str], str] = {}
         self._stopping = False
+        self._dequeued_bodies: dict[tuple[str, str, int], Message] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -865,6 +866,29 @@ class Node:
         if q is None:
             raise QueueGone(f"queue '{uid[1]}' in vhost '{uid[0]}' is gone")
         return q._submit(payload)
+
+    def remember_dequeued(self, vhost: str, name: str, index: int, msg: Message) -> None:
+        """A basic.get's body shipped by a leader on another node."""
+        bodies = self._dequeued_bodies
+        bodies[(vhost, name, index)] = msg
+        while len(bodies) > 1024:  # a get reads its body at once; bound stragglers
+            bodies.pop(next(iter(bodies)))
+
+    def dequeued_message(self, q: QueueProcess, index: int) -> Message | None:
+        """The body of a message a basic.get dequeued: shipped with the reply,
+        or read from this node's replica (the current one: a membership change
+        may have replaced the process), or None when it is not here."""
+        msg = self._dequeued_bodies.pop((q.vhost, q.name, index), None)
+        if msg is not None:
+            return msg
+        for cand in (q, self.live_queue(q.uid)):
+            if cand is None:
+                continue
+            try:
+                return cand.message(index)
+            except (KeyError, IndexError, st.StorageError):
+                continue
+        return None
 
     def call_later(self, delay: float, fn: Any) -> Any:
         assert self._loop is not None
