@@ -1,21 +1,29 @@
 """The images: Dockerfiles linted with hadolint; both images built offline
 with podman (scripts/build-images: a Debian bookworm rootfs as the base,
 wheels from the host) and the broker image RUN: a container serving AMQP
-answers the chart's smoke test (a confirmed publish, a consume)."""
+answers the chart's smoke test (a confirmed publish, a consume); and the
+pods as containers of that image: 3 form a cluster from the chart's rendered
+configuration, a confirmed publish and consume, a restart, a scale-up."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from base64 import b64encode
 from pathlib import Path
+from typing import Any
 
+import pika
 import pytest
 
 from tests.e2e.broker_proc import free_port
 
-from .helm import CHART, ROOT
+from .helm import CHART, ROOT, one, render
 
 PODMAN = ["podman", "--runtime", "runc", "--storage-driver", "overlay"]
 # The default rlimits are refused on this machine: every run sets these.
@@ -112,3 +120,186 @@ def test_broker_container_serves_amqp(images: dict[str, str], tmp_path: Path) ->
         assert ctl.returncode == 0 and "rabbit@127.0.1.20" in ctl.stdout, ctl.stderr
     finally:
         subprocess.run([*PODMAN, "rm", "-f", "-t", "5", name], capture_output=True)
+
+
+# ---- the pods as containers of the image -----------------------------------
+
+STS, NS, USER, PASSWORD = "qq-quorumq", "messaging", "admin", "k8s-container-pw"
+
+
+def container_addr(ordinal: int) -> str:
+    return f"127.0.1.2{ordinal}"
+
+
+class BrokerContainer:
+    """One broker pod as a container of the built image: host network (all
+    traffic on loopback), its own loopback address, the chart's rendered
+    quorumq.conf and the cluster secret bind-mounted where the chart mounts
+    them, its volume a host directory."""
+
+    def __init__(self, image: str, ordinal: int, ports: dict[str, int], root: Path) -> None:
+        self.image, self.ordinal, self.ports, self.root = image, ordinal, ports, root
+        self.pod = f"{STS}-{ordinal}"
+        self.name = f"qq-it-{os.getpid()}-{ordinal}"
+        self.data = root / self.pod  # the pod's PVC, owned by the image's user
+        self.data.mkdir()
+        os.chown(self.data, 10001, 10001)
+        self.started = False
+
+    @property
+    def mgmt_url(self) -> str:
+        return f"http://{container_addr(self.ordinal)}:{self.ports['management']}"
+
+    def run(self) -> BrokerContainer:
+        a = container_addr(self.ordinal)
+        env = {"POD_NAME": self.pod, "POD_NAMESPACE": NS,
+               "QQ__DEFAULT_USER": USER, "QQ__DEFAULT_PASS": PASSWORD,
+               "QQCTL_URL": self.mgmt_url, "QQCTL_USER": USER, "QQCTL_PASSWORD": PASSWORD,
+               "QQ__CLUSTER__STATEFULSET__HOST_TEMPLATE": "127.0.1.2{ordinal}",
+               "QQ__LISTENERS__TCP__BIND": a, "QQ__MANAGEMENT__TCP__BIND": a,
+               "QQ__PROMETHEUS__TCP__BIND": a, "QQ__CLUSTER__BIND": a,
+               "QQ__CLUSTER__FORMATION_TIMEOUT_MS": "60000"}
+        self.started = True  # from here on, always removed
+        proc = subprocess.run(
+            [*PODMAN, "run", "-d", "--name", self.name, "--network", "host", *ULIMITS,
+             "--read-only", "--tmpfs", "/tmp", "-v", f"{self.data}:/var/lib/quorumq",
+             "-v", f"{self.root / 'quorumq.conf'}:/etc/quorumq/quorumq.conf:ro",
+             "-v", f"{self.root / 'cluster-secret'}:/etc/quorumq/secret/cluster-secret:ro",
+             *[x for k, v in env.items() for x in ("-e", f"{k}={v}")], self.image],
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return self
+
+    def api(self, path: str) -> tuple[int, Any]:
+        req = urllib.request.Request(self.mgmt_url + path)
+        req.add_header("Authorization", "Basic " + b64encode(f"{USER}:{PASSWORD}".encode()).decode())
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw.strip() else None
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except OSError as exc:
+            return 0, str(exc)
+
+    def state(self) -> str:
+        return subprocess.run([*PODMAN, "inspect", "--format", "{{.State.Status}}", self.name],
+                              capture_output=True, text=True).stdout.strip()
+
+    def logs(self) -> str:
+        proc = subprocess.run([*PODMAN, "logs", self.name], capture_output=True, text=True)
+        return (proc.stdout + proc.stderr)[-4000:]
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while self.api("/api/health/ready")[0] != 200:
+            state = self.state()
+            assert state == "running", f"{self.pod} container {state}:\n{self.logs()}"
+            assert time.monotonic() < deadline, f"{self.pod} not ready in {timeout}s:\n{self.logs()}"
+            time.sleep(0.3)
+
+    def nodes(self) -> set[str]:
+        status, nodes = self.api("/api/nodes")
+        assert status == 200, nodes
+        return {n["name"] for n in nodes}
+
+    def amqp(self) -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.ConnectionParameters(
+            container_addr(self.ordinal), self.ports["amqp"],
+            credentials=pika.PlainCredentials(USER, PASSWORD)))
+
+    def remove(self) -> None:
+        if self.started:
+            subprocess.run([*PODMAN, "rm", "-f", "-t", "5", self.name], capture_output=True, timeout=120)
+
+
+def consume(conn: pika.BlockingConnection, queue: str, count: int, timeout: float = 30) -> list[bytes]:
+    """`count` messages from a consumer (acked), or what came within `timeout`."""
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=50)
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    for method, _props, body in ch.consume(queue, inactivity_timeout=1):
+        if method is not None:
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)
+        if len(got) >= count or time.monotonic() > deadline:
+            break
+    ch.cancel()
+    return got
+
+
+def check_all(pod: BrokerContainer, queue: str, bodies: list[bytes]) -> None:
+    _, info = pod.api(f"/api/queues/%2F/{queue}")
+    conn = pod.amqp()
+    got = consume(conn, queue, len(bodies))
+    conn.close()
+    missing = sorted(set(bodies) - set(got))
+    assert sorted(got) == sorted(bodies), (queue, pod.pod, "missing", missing, "queue", info)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_broker_pods_as_containers_form_restart_and_scale_up(images: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    """Issue 11's scenario on containers of the built image: pods 0..2 form the
+    cluster from the chart's rendered configuration, a confirmed publish on one
+    and a consume from another, pod 0 restarted (SIGTERM, then started again on
+    its volume) rejoins as itself with nothing confirmed lost, and pod 3 added
+    later joins the running cluster."""
+    ports = {k: free_port() for k in ("amqp", "management", "metrics", "cluster")}
+    conf = one(render("--set", ",".join(f"ports.{k}={v}" for k, v in ports.items()),
+                      namespace=NS, release="qq"), "ConfigMap", "-config")["data"]["quorumq.conf"]
+    (tmp_path / "quorumq.conf").write_text(conf)
+    (tmp_path / "cluster-secret").write_text("s3cret-shared-by-every-container-0123456789\n")
+    for f in ("quorumq.conf", "cluster-secret"):
+        (tmp_path / f).chmod(0o644)
+    node = {i: f"rabbit@{container_addr(i)}" for i in range(4)}
+    pods = [BrokerContainer(images["broker"], i, ports, tmp_path) for i in range(4)]
+    t0 = time.monotonic()
+    try:
+        # ---- ordinals 0..2 start together (podManagementPolicy: Parallel) and form the cluster
+        for p in pods[:3]:
+            p.run()
+        for p in pods[:3]:
+            p.wait_ready()
+        assert pods[0].nodes() == {node[i] for i in range(3)}
+        print(f"formed: {time.monotonic() - t0:.0f}s")
+
+        # ---- confirmed publishes on pod 0 (each queue replicated on 0..2)
+        sent = {qn: [f"{qn}-{i}".encode() for i in range(30)] for qn in ("c-a", "c-b", "c-c")}
+        conn = pods[0].amqp()
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for qn, bodies in sent.items():
+            ch.queue_declare(qn, durable=True, arguments={"x-queue-type": "quorum"})
+            for body in bodies:
+                ch.basic_publish("", qn, body, pika.BasicProperties(delivery_mode=2))
+        conn.close()
+        # ... and consumed from pod 1
+        check_all(pods[1], "c-a", sent.pop("c-a"))
+
+        # ---- pod 0 restarts: SIGTERM, then the same container starts again on its volume
+        stop = subprocess.run([*PODMAN, "stop", "-t", "30", pods[0].name],
+                              capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert pods[0].state() == "exited"
+        start = subprocess.run([*PODMAN, "start", pods[0].name], capture_output=True, text=True,
+                               timeout=60)
+        assert start.returncode == 0, start.stderr
+        pods[0].wait_ready()  # rejoins as itself
+        assert pods[1].nodes() == {node[i] for i in range(3)}
+        print(f"restarted: {time.monotonic() - t0:.0f}s")
+
+        # ---- scale-up: pod 3 starts with an empty volume and joins the running cluster
+        pods[3].run().wait_ready()
+        assert pods[3].nodes() == {node[i] for i in range(4)}
+        assert pods[0].nodes() == {node[i] for i in range(4)}
+        print(f"scaled up: {time.monotonic() - t0:.0f}s")
+
+        # ---- nothing confirmed was lost (consumed through the restarted pod and the new one)
+        check_all(pods[0], "c-b", sent["c-b"])
+        check_all(pods[3], "c-c", sent["c-c"])
+    finally:
+        for p in pods:
+            p.remove()
