@@ -321,8 +321,9 @@ class Cluster:
                 self._resync_target(peer)
                 old = self.incarnations.get(peer)
                 self.incarnations[peer] = m[1]
-                if old != m[1]:
+                if old != m[1] and peer in self.peers:
                     # answer so the peer learns ours even if it started first
+                    # (a joining node not admitted yet gets ours once it is)
                     self.transport.send(peer, ["h", self.node.incarnation])
                     if self.on_peer_hello is not None:
                         self.on_peer_hello(peer, m[1])
