@@ -29,7 +29,7 @@ import datetime
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,8 +241,21 @@ def ordinal_pattern(target: Target) -> re.Pattern[str] | None:
 
 
 async def observe_nodes(client: MgmtClient, target: Target,
-                        pods: kopf.Index[Any, Any] | None) -> tuple[p.NodeObs, ...]:
-    views = await client.nodes()
+                        pods: kopf.Index[Any, Any] | None,
+                        members: Iterable[str] = ()) -> tuple[p.NodeObs, ...]:
+    """The broker's nodes, mapped to pods. `members`: queue members the caller saw; a
+    member on a node the broker no longer lists (it left the cluster, e.g. two pods
+    drained at once and one member change lost the race) is reported as a node too,
+    down, and gone for good when its pod is gone above the replicas, so its members
+    are removed like any other departed node's."""
+    views = list(await client.nodes())
+    listed = {str(v["name"]) for v in views}
+    unlisted: dict[str, int] = {}
+    for name in members:
+        if name not in listed:
+            unlisted[name] = unlisted.get(name, 0) + 1
+    views += [{"name": name, "running": False, "quorum_queue_members": count,
+               "unlisted": True} for name, count in unlisted.items()]
     pattern = ordinal_pattern(target)
     by_ordinal: dict[int, tuple[str, str, bool]] = {}
     if pattern is not None and pods is not None:
@@ -258,6 +271,8 @@ async def observe_nodes(client: MgmtClient, target: Target,
         pod_ready: bool | None = None
         gone = False
         m = pattern.match(name) if pattern is not None else None
+        if m is None and v.get("unlisted"):
+            continue  # not a pod of this StatefulSet: nothing is known about it
         if m is not None:
             ordinal = int(m.group("ordinal")) if "ordinal" in m.groupdict() else int(m.group(1))
             pod = by_ordinal.get(ordinal)
@@ -357,8 +372,9 @@ async def _reconcile_queue(body: kopf.Body, status: Mapping[str, Any], patch: ko
     target = resolve(desired.broker, desired.namespace, brokers, credentials)
     client = client_for(memo, target)
     async with _lock(client):
-        nodes = await observe_nodes(client, target, broker_pods)
         view = await client.queue(desired.vhost, desired.name)
+        nodes = await observe_nodes(client, target, broker_pods,
+                                    (view or {}).get("members") or ())
         observed = p.QueueObserved(queue_obs(view) if view else None, nodes)
         actions = p.plan_queue(desired, observed)
         try:
@@ -554,8 +570,9 @@ async def broker_cluster(body: kopf.Body, name: str, namespace: str, spec: kopf.
     _track_disruption(memo, pods, now)
     try:
         async with _lock(client):
-            nodes = await observe_nodes(client, target, broker_pods)
             queues = tuple(queue_obs(v) for v in await client.queues())
+            nodes = await observe_nodes(client, target, broker_pods,
+                                        [m for q in queues for m in q.members])
             plan = p.plan_cluster(p.ClusterObserved(
                 nodes=nodes, queues=queues, replicas=int(spec.get("replicas", 1)),
                 pods_ready=sum(1 for _, _, ready in pods if ready), now=now,
