@@ -183,8 +183,12 @@ class _TimedApi:
 
 class StatefulSetPlayer:
     def __init__(self, kube: KubeApi, sts_name: str, root: Path, probe_interval: float = 0.5,
-                 tick: float = 0.5) -> None:
+                 tick: float = 0.5, parallel_scale_down: bool = False) -> None:
         self.sts_name = sts_name
+        # False: the highest ordinal first, one at a time (OrderedReady, and what the
+        # issue asks); True: every pod above the replicas at once, as a real StatefulSet
+        # with podManagementPolicy: Parallel (the chart's) does
+        self.parallel_scale_down = parallel_scale_down
         self.root = root
         self.probe_interval = probe_interval
         self.tick = tick
@@ -425,9 +429,9 @@ class StatefulSetPlayer:
         return self
 
     def _guard(self, fn: Any) -> Any:
-        def run() -> None:
+        def run(*args: Any) -> None:
             try:
-                fn()
+                fn(*args)
             except BaseException as exc:  # noqa: BLE001 - surfaced by check()
                 self.errors.append(f"{threading.current_thread().name}: {exc!r}")
         return run
@@ -482,6 +486,16 @@ class StatefulSetPlayer:
                 runs = dict(self.pods)
             # scale-down: the highest ordinal first, one at a time
             extra = sorted((o for o in runs if o >= replicas), reverse=True)
+            if extra and self.parallel_scale_down:
+                stoppers = [threading.Thread(target=self._guard(self._stop_pod),
+                                             args=(runs[o], replicas, True),
+                                             name=f"stop-{o}") for o in extra]
+                for t in stoppers:
+                    t.start()
+                for t in stoppers:
+                    t.join()
+                self._write_status(sts, rev)
+                continue
             if extra:
                 self._stop_pod(runs[extra[0]], replicas, scaled_away=True)
                 self._write_status(sts, rev)
