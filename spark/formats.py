@@ -119,7 +119,8 @@ def read_segment(reader: Reader, name: str) -> SegmentHeader:
     flags, max_count, count = codec.decode_segment_header(
         reader.pread(codec.SEG_HEADER_SIZE, 0), name)
     slots = codec.decode_segment_index(
-        reader.pread(count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE), count, reader.size, name)
+        reader.pread(count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE), count, reader.size, name,
+        bool(flags & codec.SEG_FLAG_SPARSE))
     return SegmentHeader(
         seq=seq, first_index=slots[0].idx, last_index=slots[-1].idx, entries=count,
         max_entries=max_count, reset=bool(flags & codec.SEG_FLAG_RESET), bytes=reader.size,

@@ -129,6 +129,11 @@ SEG_HEADER = struct.Struct("<4sBBHI")
 #: Segment flag: this segment starts a new log (written after a snapshot
 #: install reset it); every segment of a lower sequence number is void.
 SEG_FLAG_RESET = 0x01
+#: Segment flag: a compacted segment. Its index slots hold strictly increasing
+#: (not consecutive) indexes; the file covers [first slot, last slot] and an
+#: index in that range without a slot was compacted away (never served).
+SEG_FLAG_SPARSE = 0x02
+SEG_FLAGS = SEG_FLAG_RESET | SEG_FLAG_SPARSE
 SEG_HEADER_SIZE = SEG_HEADER.size + 4  # 16
 #: index slot: index u64 term u64 offset u64 length u32 crc u32
 SEG_SLOT = struct.Struct("<QQQII")
@@ -152,13 +157,15 @@ class SegmentSlot(NamedTuple):
 
 
 def encode_segment(
-    max_count: int, entries: list[tuple[int, int, int, bytes]], reset: bool = False
+    max_count: int, entries: list[tuple[int, int, int, bytes]], reset: bool = False,
+    sparse: bool = False,
 ) -> bytes:
-    """Whole segment file for (index, term, kind, data) entries, consecutive indexes."""
+    """Whole segment file for (index, term, kind, data) entries, consecutive
+    indexes (sparse: strictly increasing indexes, a compacted segment)."""
     count = len(entries)
     if not 0 < count <= max_count:
         raise ValueError(f"segment holds 1..{max_count} entries, got {count}")
-    flags = SEG_FLAG_RESET if reset else 0
+    flags = (SEG_FLAG_RESET if reset else 0) | (SEG_FLAG_SPARSE if sparse else 0)
     head = SEG_HEADER.pack(SEG_MAGIC, SEG_VERSION, flags, max_count, count)
     parts = [head, _pack_crc(_crc32(head))]
     slots: list[bytes] = []
@@ -187,21 +194,29 @@ def decode_segment_header(buf: bytes, where: str) -> tuple[int, int, int]:
         raise CorruptSegmentError(f"{where}: segment header checksum mismatch")
     if not 0 < count <= max_count:
         raise CorruptSegmentError(f"{where}: segment count {count} out of range 1..{max_count}")
-    if flags & ~SEG_FLAG_RESET:
+    if flags & ~SEG_FLAGS:
         raise CorruptSegmentError(f"{where}: unknown segment flags {flags:#x}")
     return int(flags), int(max_count), int(count)
 
 
-def decode_segment_index(buf: bytes, count: int, file_size: int, where: str) -> list[SegmentSlot]:
+def decode_segment_index(
+    buf: bytes, count: int, file_size: int, where: str, sparse: bool = False
+) -> list[SegmentSlot]:
     """Parse and structurally check `count` index slots (indexes consecutive,
-    data inside the file, terms non-decreasing)."""
+    or strictly increasing for a sparse segment; data inside the file, terms
+    non-decreasing)."""
     if len(buf) < count * SEG_SLOT_SIZE:
         raise CorruptSegmentError(f"{where}: truncated segment index")
     slots = list(map(SegmentSlot._make, SEG_SLOT.iter_unpack(buf[: count * SEG_SLOT_SIZE])))
     first = slots[0].idx
     prev_term = 0
+    prev_idx = first - 1
     for n, s in enumerate(slots):
-        if s.idx != first + n:
+        if sparse:
+            if s.idx <= prev_idx:
+                raise CorruptSegmentError(f"{where}: index slot {n} holds index {s.idx} after {prev_idx}")
+            prev_idx = s.idx
+        elif s.idx != first + n:
             raise CorruptSegmentError(f"{where}: index slot {n} holds index {s.idx}, expected {first + n}")
         if s.term < prev_term:
             raise CorruptSegmentError(f"{where}: term goes backwards at index {s.idx}")

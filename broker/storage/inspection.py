@@ -54,7 +54,8 @@ def read_segment_info(path: str, group_id: str = "") -> SegmentInfo:
             os.pread(fd, codec.SEG_HEADER_SIZE, 0), path
         )
         idx = os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE)
-        slots = codec.decode_segment_index(idx, count, size, path)
+        slots = codec.decode_segment_index(idx, count, size, path,
+                                           bool(flags & codec.SEG_FLAG_SPARSE))
     finally:
         os.close(fd)
     name = os.path.basename(path)

@@ -34,7 +34,7 @@ import shutil
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,6 +90,9 @@ class _SegFile:
     first: int
     last: int
     reset: bool
+    #: a compacted segment: slots hold strictly increasing indexes in
+    #: [first, last]; an index without a slot is compacted away
+    sparse: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +111,24 @@ class _SegReader:
     file later (a deleted and re-created group numbers its segments from 1
     again), so the cache only answers for that object."""
 
-    __slots__ = ("fd", "slots", "first", "seg")
+    __slots__ = ("fd", "slots", "first", "seg", "idxs")
 
     def __init__(self, fd: int, slots: list[codec.SegmentSlot], seg: _SegFile) -> None:
         self.fd = fd
         self.slots = slots
         self.first = slots[0].idx
         self.seg = seg
+        # sparse (compacted) segments: the slot indexes, for bisection
+        self.idxs: list[int] | None = [s.idx for s in slots] if seg.sparse else None
+
+    def slot_for(self, index: int) -> codec.SegmentSlot | None:
+        """The slot holding entry `index`, or None (a compacted hole)."""
+        idxs = self.idxs
+        if idxs is None:
+            k = index - self.first
+            return self.slots[k] if 0 <= k < len(self.slots) else None
+        k = bisect.bisect_left(idxs, index)
+        return self.slots[k] if k < len(idxs) and idxs[k] == index else None
 
 
 class _Pending:
@@ -263,6 +277,10 @@ class GroupLog:
         self._epoch = 0  # bumped on a write error: queued appends of older epochs are dropped
         self._failed: BaseException | None = None
         self._closed = False
+        # Test hook: called with the name of each step of compact() as it is
+        # passed ("written", "renamed", "dir_synced", "unlinked") so crash
+        # tests can kill the process there. None in production.
+        self._compact_hook: Callable[[str], None] | None = None
         self._recompute_pieces()
         last = self._log_last()
         self._durable = last if last is not None else self._empty_last()
@@ -285,6 +303,10 @@ class GroupLog:
             try:
                 if self._entry_term_locked(snap.index) == snap.term:
                     return
+            except CompactedError:
+                # compacted away: this is an older (fallback) snapshot below a
+                # compaction; the fallback check refuses it, never discard here
+                return
             except StorageError as exc:
                 # Unreadable: never guess (discarding could drop live bodies
                 # below a local snapshot); the group stops instead.
@@ -430,10 +452,12 @@ class GroupLog:
         piece = self._piece_for(index)
         if piece is not None:
             reader = self._reader(piece[2])
-            k = index - reader.first
-            if not 0 <= k < len(reader.slots) or reader.slots[k].idx != index:
+            slot = reader.slot_for(index)
+            if slot is None or slot.idx != index:
+                if reader.idxs is not None:
+                    raise CompactedError(f"group {self.group_id!r}: index {index} is compacted")
                 raise self._broken(f"{piece[2].path}: no slot for entry {index}")
-            return reader.slots[k].term
+            return slot.term
         first = self._log_first()
         if index <= self._last_index_locked() and (
                 first is None or index < first or (snap is not None and index < snap.index)):
@@ -508,8 +532,15 @@ class GroupLog:
         self, f: _SegFile, lo: int, hi: int, size: int, max_bytes: int | None, have: bool
     ) -> tuple[list[Entry], int, bool]:
         reader = self._reader(f)
-        k = lo - reader.first
-        slots = reader.slots[k : hi - reader.first + 1] if k >= 0 else []
+        if reader.idxs is not None:  # compacted: only whole runs of kept entries
+            k = bisect.bisect_left(reader.idxs, lo)
+            slots = reader.slots[k : k + hi - lo + 1]
+            if len(slots) != hi - lo + 1 or not slots or slots[0].idx != lo or slots[-1].idx != hi:
+                raise CompactedError(
+                    f"group {self.group_id!r}: [{lo}, {hi}] not all held (compacted segment)")
+        else:
+            k = lo - reader.first
+            slots = reader.slots[k : hi - reader.first + 1] if k >= 0 else []
         if len(slots) != hi - lo + 1 or slots[0].idx != lo or slots[-1].idx != hi:
             raise self._broken(f"{f.path}: slots do not hold entries [{lo}, {hi}]")
         start = slots[0].offset
@@ -772,9 +803,8 @@ class GroupLog:
         with self._mgr._lock:
             want = self._snapshot
             if want is not None and (found is None or found.meta.index < want.index):
-                first = self._log_first()
                 have = found.meta.index if found is not None else 0
-                if first is None or first > have + 1:
+                if not self._holds_all_after(have):
                     exc = CorruptSnapshotError(
                         f"group {self.group_id!r}: snapshot {want.index} is unreadable and the log "
                         f"no longer holds the entries after {'snapshot ' + str(have) if have else 'the start'}")
@@ -796,6 +826,213 @@ class GroupLog:
                 self._mgr._evict(f.path)
         self._mgr._unlink_segments(self.path, dropped)
         return len(dropped)
+
+    def _holds_all_after(self, have: int) -> bool:
+        """Lock held: does the log hold every entry after index `have` (none
+        released, none compacted away)? Decides whether falling back to an
+        older snapshot at `have` is sound."""
+        first = self._log_first()
+        if first is None or first > have + 1:
+            return False
+        return not any(f.sparse and hi > have for _lo, hi, f in self._pieces)
+
+    def compaction_span(self) -> int:
+        """Index range of the not yet compacted leading segment files wholly
+        below the snapshot index (what compact() could free); cheap, no file
+        I/O. A caller compares it with its live count to decide whether
+        compact() is worth computing the live indexes for (0: nothing to do)."""
+        with self._mgr._lock:
+            self._check()
+            return sum(n for _f, _lo, _hi, n in self._compactable_prefix())
+
+    def _compactable_prefix(self) -> list[tuple[_SegFile, int, int, int]]:
+        """Lock held: (file, lo, hi, entries) of the leading segment files, in
+        seq order, whose surviving entries all lie below the snapshot index
+        (and below the memory table), with no void file among them."""
+        snap = self._snapshot
+        if snap is None:
+            return []
+        bound = snap.index  # entry snap.index itself is always kept
+        if self._mem:
+            bound = min(bound, self._mem_first)
+        out: list[tuple[_SegFile, int, int, int]] = []
+        for k, (lo, hi, f) in enumerate(self._pieces):
+            if k >= len(self._files) or self._files[k] is not f or hi >= bound:
+                break
+            if out and lo != out[-1][2] + 1:
+                break
+            out.append((f, lo, hi, 0 if f.sparse else hi - lo + 1))
+        return out
+
+    def compact(self, live_indexes: Iterable[int], min_gain: float = 0.5) -> int:
+        """Compact the leading segment files below the snapshot index: their
+        live entries (`live_indexes`: every index below the snapshot that is
+        still read, e.g. a queue's live messages; others are ignored) plus the
+        first and last entry of the range are rewritten into one compacted
+        (sparse) segment file, and the old files are deleted. Index lookups
+        (`entries(i, i + 1)`, `term(i)`) of kept entries are unchanged; the
+        other entries of the range are no longer served (CompactedError).
+
+        Done only if it frees at least `min_gain` of those files' bytes. The
+        new file takes the name (sequence number) of the last file it
+        replaces, by an atomic rename after fdatasync, and carries the RESET
+        flag, so a crash at any point leaves either the old files or the new
+        one serving every kept entry (older leftovers are void and deleted at
+        open). Blocking (file I/O). Returns the number of files replaced by
+        the compacted one (0: nothing done)."""
+        mgr = self._mgr
+        with mgr._lock:
+            self._check()
+            prefix = self._compactable_prefix()
+        if not prefix:
+            return 0
+        lo_all, hi_all = prefix[0][1], prefix[-1][2]
+        keep = sorted({i for i in live_indexes if lo_all < i < hi_all})
+        cap = 65535 - 2  # u16 max_count
+        # plan: read each file's index; choose the prefix length that frees most
+        plans: list[tuple[_SegFile, int, int, list[codec.SegmentSlot], int]] = []
+        try:
+            for f, lo, hi, _n in prefix:
+                fd = os.open(f.path, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    flags, _max, count = codec.decode_segment_header(
+                        os.pread(fd, codec.SEG_HEADER_SIZE, 0), f.path)
+                    slots = codec.decode_segment_index(
+                        os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE), count,
+                        size, f.path, bool(flags & codec.SEG_FLAG_SPARSE))
+                finally:
+                    os.close(fd)
+                plans.append((f, lo, hi, slots, size))
+        except FileNotFoundError:
+            return 0  # released meanwhile
+        except CorruptionError as bad:
+            self._fail(bad)
+            raise
+        best_k, best_gain = 0, 0
+        old_bytes = 0
+        kept: list[codec.SegmentSlot] = []
+        kept_bytes = 0
+        ki = 0
+        chosen: list[list[codec.SegmentSlot]] = []
+        for k, (f, lo, hi, slots, size) in enumerate(plans):
+            old_bytes += size
+            by_idx = {s.idx: s for s in slots}
+            mine = [lo] if k == 0 else []
+            while ki < len(keep) and keep[ki] <= hi:
+                if keep[ki] >= lo:
+                    mine.append(keep[ki])
+                ki += 1
+            got = []
+            for i in mine:
+                slot = by_idx.get(i)
+                if slot is not None:
+                    got.append(slot)
+                elif not f.sparse:
+                    missing = CorruptSegmentError(f"{f.path}: no slot for entry {i}")
+                    self._fail(missing)
+                    raise missing
+            chosen.append(got)
+            kept.extend(got)
+            kept_bytes += sum(s.length for s in got)
+            last_slot = by_idx.get(hi)
+            if last_slot is None:
+                break  # the range must end on a held entry
+            n = len(kept) + (0 if kept and kept[-1].idx == hi else 1)
+            if n > cap:
+                break
+            extra = 0 if kept and kept[-1].idx == hi else last_slot.length
+            new_bytes = codec.SEG_HEADER_SIZE + n * (codec.SEG_SLOT_SIZE) + kept_bytes + extra
+            gain = old_bytes - new_bytes
+            if gain > 0 and gain >= min_gain * old_bytes and gain > best_gain:
+                best_k, best_gain = k + 1, gain
+        if best_k == 0:
+            return 0
+        plans = plans[:best_k]
+        slots_kept = [s for got in chosen[:best_k] for s in got]
+        last_f, _lo, last_hi, last_slots, _size = plans[-1]
+        if not slots_kept or slots_kept[-1].idx != last_hi:
+            slots_kept.append(next(s for s in last_slots if s.idx == last_hi))
+        # the file each kept slot is in
+        where: list[_SegFile] = []
+        for f, lo, hi, _s, _z in plans:
+            where.extend(f for s in slots_kept if lo <= s.idx <= hi)
+        # read and verify the kept entries
+        entries: list[tuple[int, int, int, bytes]] = []
+        fds: dict[str, int] = {}
+        try:
+            for s, f in zip(slots_kept, where, strict=True):
+                rfd = fds.get(f.path)
+                if rfd is None:
+                    rfd = fds[f.path] = os.open(f.path, os.O_RDONLY)
+                stored = os.pread(rfd, s.length, s.offset)
+                if len(stored) != s.length or codec.entry_crc(s.idx, s.term, stored) != s.crc:
+                    damaged = CorruptSegmentError(f"{f.path}: entry {s.idx} checksum mismatch")
+                    self._fail(damaged)
+                    raise damaged
+                entries.append((s.idx, s.term, stored[0], stored[1:]))
+        except FileNotFoundError:
+            return 0
+        finally:
+            for rfd in fds.values():
+                os.close(rfd)
+        hook = self._compact_hook
+        path = last_f.path
+        tmp = path + ".compact.tmp"
+        data = codec.encode_segment(len(entries), entries, reset=True, sparse=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, data, 0)
+            if mgr._do_sync:
+                os.fdatasync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        if hook is not None:
+            hook("written")
+        new = _SegFile(last_f.seq, path, lo_all, last_hi, True, True)
+        old = [p[0] for p in plans]
+        with mgr._lock:
+            ok = (self._failed is None and not self._closed and len(self._files) >= len(old)
+                  and all(a is b for a, b in zip(self._files, old, strict=False)))
+            if ok:
+                # the composition of everything after the replaced files must not change
+                runs = [(f.first, f.last, f.reset) for f in self._files]
+                before = codec.compose(runs)
+                after = codec.compose([(new.first, new.last, True), *runs[len(old):]])
+                ok = after[0] == (lo_all, last_hi) and after[1:] == before[len(old):]
+            if ok:
+                try:
+                    os.rename(tmp, path)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
+                for f in old:
+                    mgr._evict(f.path)
+                self._files[: len(old)] = [new]
+                self._recompute_pieces()
+        if not ok:
+            os.unlink(tmp)
+            return 0
+        if hook is not None:
+            hook("renamed")
+        segdir = os.path.join(self.path, "segments")
+        if mgr._do_sync:
+            fsync_dir(segdir)
+        if hook is not None:
+            hook("dir_synced")
+        for n, f in enumerate(old[:-1]):
+            try:
+                os.unlink(f.path)
+            except FileNotFoundError:
+                pass
+            if n == 0 and hook is not None:
+                hook("unlinked")
+        if len(old) > 1 and mgr._do_sync:
+            fsync_dir(segdir)
+        return len(old)
 
     def segment_files(self) -> list[str]:
         """Paths of this group's segment files (for tests and the audit)."""
@@ -1164,13 +1401,14 @@ class LogManager:
                 head = os.pread(fd, codec.SEG_HEADER_SIZE, 0)
                 flags, max_count, count = codec.decode_segment_header(head, path)
                 idx = os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE)
-                slots = codec.decode_segment_index(idx, count, size, path)
+                sparse = bool(flags & codec.SEG_FLAG_SPARSE)
+                slots = codec.decode_segment_index(idx, count, size, path, sparse)
             finally:
                 os.close(fd)
             if slots[0].offset < codec.SEG_HEADER_SIZE + max_count * codec.SEG_SLOT_SIZE:
                 raise CorruptSegmentError(f"{path}: entry data overlaps the index")
             files.append(_SegFile(seq, path, slots[0].idx, slots[-1].idx,
-                                  bool(flags & codec.SEG_FLAG_RESET)))
+                                  bool(flags & codec.SEG_FLAG_RESET), sparse))
         files.sort(key=lambda f: f.seq)
         return files
 
@@ -1187,8 +1425,11 @@ class LogManager:
         fd = os.open(f.path, os.O_RDONLY)
         try:
             buf = read_file(f.path)
-            _flags, _max, count = codec.decode_segment_header(buf, f.path)
-            slots = codec.decode_segment_index(buf[codec.SEG_HEADER_SIZE:], count, len(buf), f.path)
+            flags, _max, count = codec.decode_segment_header(buf, f.path)
+            if bool(flags & codec.SEG_FLAG_SPARSE) != f.sparse:
+                raise CorruptSegmentError(f"{f.path}: segment flags changed on disk")
+            slots = codec.decode_segment_index(buf[codec.SEG_HEADER_SIZE:], count, len(buf), f.path,
+                                               f.sparse)
             for s in slots:
                 stored = buf[s.offset : s.offset + s.length]
                 if codec.entry_crc(s.idx, s.term, stored) != s.crc:
@@ -1263,9 +1504,9 @@ class LogManager:
             have = snap.meta.index if snap is not None else 0
             if newest and newest[0][0] > have:
                 # The newest snapshot is unreadable. Falling back is only sound
-                # if the log still holds every entry after the older one.
-                first = g._log_first()
-                if first is None or first > have + 1:
+                # if the log still holds every entry after the older one (none
+                # released, none compacted away).
+                if not g._holds_all_after(have):
                     raise CorruptSnapshotError(
                         f"group {group_id!r}: snapshot {newest[0][1]} is unreadable and the log no "
                         f"longer holds the entries after {'snapshot ' + str(have) if have else 'the start'}")
