@@ -81,6 +81,7 @@ INCARNATION_FILE = "INCARNATION"
 
 
 # ------------------------------------------------------------------ helpers
+_Slot = codec.SegmentSlot
 @dataclass(frozen=True, slots=True)
 class _SegFile:
     """One segment file on disk (immutable once renamed into place)."""
@@ -889,21 +890,46 @@ class GroupLog:
         lo_all, hi_all = prefix[0][1], prefix[-1][2]
         keep = sorted({i for i in live_indexes if lo_all < i < hi_all})
         cap = 65535 - 2  # u16 max_count
-        # plan: read each file's index; choose the prefix length that frees most
-        plans: list[tuple[_SegFile, int, int, list[codec.SegmentSlot], int]] = []
+        # plan: per file, only the index slots needed (first, last, kept ones;
+        # the whole index of a compacted file, which is small); then choose
+        # the prefix length that frees most
+        Slot = codec.SegmentSlot
+        plans: list[tuple[_SegFile, int, int, list[_Slot], _Slot | None, int]] = []
+        ki = 0
         try:
-            for f, lo, hi, _n in prefix:
+            for k, (f, lo, hi, _n) in enumerate(prefix):
+                mine = [lo] if k == 0 else []
+                while ki < len(keep) and keep[ki] <= hi:
+                    if keep[ki] >= lo:
+                        mine.append(keep[ki])
+                    ki += 1
+                want = mine if mine and mine[-1] == hi else [*mine, hi]
+                found: dict[int, _Slot | None] = {}
                 fd = os.open(f.path, os.O_RDONLY)
                 try:
                     size = os.fstat(fd).st_size
                     flags, _max, count = codec.decode_segment_header(
                         os.pread(fd, codec.SEG_HEADER_SIZE, 0), f.path)
-                    slots = codec.decode_segment_index(
-                        os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE), count,
-                        size, f.path, bool(flags & codec.SEG_FLAG_SPARSE))
+                    if flags & codec.SEG_FLAG_SPARSE:
+                        by_idx = {x.idx: x for x in codec.decode_segment_index(
+                            os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE),
+                            count, size, f.path, True)}
+                        found = {i: by_idx.get(i) for i in want}
+                    else:
+                        for i in want:
+                            pos = i - f.first
+                            if not 0 <= pos < count:
+                                raise CorruptSegmentError(f"{f.path}: no slot for entry {i}")
+                            x = Slot._make(codec.SEG_SLOT.unpack(os.pread(
+                                fd, codec.SEG_SLOT_SIZE,
+                                codec.SEG_HEADER_SIZE + pos * codec.SEG_SLOT_SIZE)))
+                            if x.idx != i or x.length < 1 or x.offset + x.length > size:
+                                raise CorruptSegmentError(f"{f.path}: bad index slot for entry {i}")
+                            found[i] = x
                 finally:
                     os.close(fd)
-                plans.append((f, lo, hi, slots, size))
+                got = [y for y in (found[i] for i in mine) if y is not None]
+                plans.append((f, lo, hi, got, found[hi], size))
         except FileNotFoundError:
             return 0  # released meanwhile
         except CorruptionError as bad:
@@ -911,52 +937,36 @@ class GroupLog:
             raise
         best_k, best_gain = 0, 0
         old_bytes = 0
-        kept: list[codec.SegmentSlot] = []
+        kept_n = 0
         kept_bytes = 0
-        ki = 0
-        chosen: list[list[codec.SegmentSlot]] = []
-        for k, (f, lo, hi, slots, size) in enumerate(plans):
+        for k, (_f, _lo, hi, got, hi_slot, size) in enumerate(plans):
             old_bytes += size
-            by_idx = {s.idx: s for s in slots}
-            mine = [lo] if k == 0 else []
-            while ki < len(keep) and keep[ki] <= hi:
-                if keep[ki] >= lo:
-                    mine.append(keep[ki])
-                ki += 1
-            got = []
-            for i in mine:
-                slot = by_idx.get(i)
-                if slot is not None:
-                    got.append(slot)
-                elif not f.sparse:
-                    missing = CorruptSegmentError(f"{f.path}: no slot for entry {i}")
-                    self._fail(missing)
-                    raise missing
-            chosen.append(got)
-            kept.extend(got)
-            kept_bytes += sum(s.length for s in got)
-            last_slot = by_idx.get(hi)
-            if last_slot is None:
+            kept_n += len(got)
+            kept_bytes += sum(x.length for x in got)
+            if hi_slot is None:
                 break  # the range must end on a held entry
-            n = len(kept) + (0 if kept and kept[-1].idx == hi else 1)
+            extra = 0 if got and got[-1].idx == hi else 1
+            n = kept_n + extra
             if n > cap:
                 break
-            extra = 0 if kept and kept[-1].idx == hi else last_slot.length
-            new_bytes = codec.SEG_HEADER_SIZE + n * (codec.SEG_SLOT_SIZE) + kept_bytes + extra
+            new_bytes = (codec.SEG_HEADER_SIZE + n * codec.SEG_SLOT_SIZE + kept_bytes
+                         + (hi_slot.length if extra else 0))
             gain = old_bytes - new_bytes
             if gain > 0 and gain >= min_gain * old_bytes and gain > best_gain:
                 best_k, best_gain = k + 1, gain
         if best_k == 0:
             return 0
         plans = plans[:best_k]
-        slots_kept = [s for got in chosen[:best_k] for s in got]
-        last_f, _lo, last_hi, last_slots, _size = plans[-1]
+        slots_kept: list[_Slot] = []
+        where: list[_SegFile] = []  # the file each kept slot is in
+        for f, _lo, _hi, got, _h, _z in plans:
+            slots_kept.extend(got)
+            where.extend(f for _ in got)
+        last_f, _lo, last_hi, _got, last_slot, _size = plans[-1]
         if not slots_kept or slots_kept[-1].idx != last_hi:
-            slots_kept.append(next(s for s in last_slots if s.idx == last_hi))
-        # the file each kept slot is in
-        where: list[_SegFile] = []
-        for f, lo, hi, _s, _z in plans:
-            where.extend(f for s in slots_kept if lo <= s.idx <= hi)
+            assert last_slot is not None
+            slots_kept.append(last_slot)
+            where.append(last_f)
         # read and verify the kept entries
         entries: list[tuple[int, int, int, bytes]] = []
         fds: dict[str, int] = {}
@@ -1014,7 +1024,10 @@ class GroupLog:
                 self._files[: len(old)] = [new]
                 self._recompute_pieces()
         if not ok:
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass  # the group was deleted meanwhile
             return 0
         if hook is not None:
             hook("renamed")
