@@ -400,6 +400,10 @@ class QuorumQueue(QueueProcess):
     """A replicated quorum queue member on this node (its Raft group)."""
 
     kind = "quorum"
+    #: Seconds with nothing applied after which a member that applied entries
+    #: since its last snapshot takes one (every replica, of its own state), so
+    #: an idle queue's log is released and compacted too.
+    snapshot_idle_s = 5.0
 
     def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig,
                  glog: st.GroupLog, members: list[str], raft_config: RaftConfig,
@@ -429,6 +433,8 @@ class QuorumQueue(QueueProcess):
         )
         self.applied_since_snapshot = 0
         self.snapshot_every = 20_000
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_applied_at = 0.0
         # The at-least-once dead-letter worker, while this member leads and the
         # queue's strategy is at-least-once (runtime/dead_letter.py).
         self._dlx: DlxWorker | None = None
@@ -495,15 +501,34 @@ class QuorumQueue(QueueProcess):
         super()._release(eff)
         if self.applied_since_snapshot < self.snapshot_every:
             return
+        self._take_snapshot(eff.index, eff.smallest_live_index)
+
+    def _take_snapshot(self, index: int, live: int) -> None:
+        """Serialise the state now (it is the state as of `index`) and write
+        it once Raft recorded the entry as applied (after this Ready)."""
         self.applied_since_snapshot = 0
-        live = eff.smallest_live_index
         self._snap_bodies = {i: m for i, m in self._snap_bodies.items() if i >= live}
         data = self._encode_snapshot(self._snap_bodies)
-        self._loop.call_soon(self._write_snapshot, eff.index, live, data)
+        # The live indexes for compaction, taken with the snapshot's state (so
+        # a snapshot sent to a follower finds every body it names). Only when
+        # few messages are live compared to the entries below the snapshot:
+        # computing them is linear in the number of live messages.
+        keep: list[int] | None = None
+        try:
+            if _live_count(self.state) * 2 < index - self.glog.first_index():
+                keep = live_indexes(self.state)
+        except st.StorageError:
+            keep = None
+        self._loop.call_soon(self._write_snapshot, index, live, data, keep)
 
-    def _write_snapshot(self, index: int, live: int, data: bytes) -> None:
+    def _write_snapshot(self, index: int, live: int, data: bytes,
+                        keep: list[int] | None = None) -> None:
         node = self.group.node
-        if self.deleted or self.group.stopped is not None or index > node.max_snapshot_index():
+        if self.deleted or self.group.stopped is not None:
+            return
+        if index > node.max_snapshot_index():  # not durable here yet: the idle check retries
+            self.applied_since_snapshot = max(self.applied_since_snapshot, 1)
+            self._arm_idle()
             return
         current = self.glog.snapshot_meta()
         if current is not None and current.index >= index:
@@ -512,6 +537,34 @@ class QuorumQueue(QueueProcess):
         self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config), data)
         node.compacted()
         self.glog.release(live)
+        if keep is not None:
+            # segments below the snapshot holding few live entries are rewritten
+            # (docs/STORAGE.md "Compaction"); optional: a failure only logs
+            try:
+                self.glog.compact(keep)
+            except (st.StorageError, OSError) as exc:
+                log.warning("%s: log compaction failed: %s", self.name, exc)
+
+    def _arm_idle(self) -> None:
+        if self._idle_timer is None and not self.deleted:
+            self._idle_timer = self._loop.call_later(self.snapshot_idle_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """Snapshot (release, compact) a member that applied entries since its
+        last snapshot and then nothing for `snapshot_idle_s`."""
+        self._idle_timer = None
+        if self.deleted or self.group.stopped is not None or self.applied_since_snapshot == 0:
+            return
+        wait = self._last_applied_at + self.snapshot_idle_s - self._loop.time()
+        if wait > 0:
+            self._idle_timer = self._loop.call_later(wait, self._idle_check)
+            return
+        index = self.group.applied_index
+        if index > self.group.node.max_snapshot_index():  # not yet durable here
+            self._arm_idle()
+            return
+        sli = self.state.smallest_live_index()
+        self._take_snapshot(index, index + 1 if sli is None else sli)
 
     # Snapshot format: msgpack {"state": queue machine snapshot, "bodies":
     # {raft index: [properties, body, exchange, routing key]}}. Locally taken
@@ -560,6 +613,13 @@ class QuorumQueue(QueueProcess):
         self._replaying = index <= self._recovered_index
         reply = QueueProcess._apply_payload(self, index, term, ts, payload)
         self.applied_since_snapshot += 1
+        self._last_applied_at = self._loop.time()
+        if self._idle_timer is None:
+            self._arm_idle()
+        if type(reply) is qm.Purged:
+            # a purge frees most of the log at once: snapshot (release, compact) now
+            sli = self.state.smallest_live_index()
+            self._take_snapshot(index, index + 1 if sli is None else sli)
         if payload[0] == "C" and (self._dlx is not None or self.state.config.at_least_once):
             self._sync_dlx_worker()  # a policy may have changed the strategy
         return reply
@@ -617,6 +677,9 @@ class QuorumQueue(QueueProcess):
 
     def close(self) -> None:
         super().close()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._dlx is not None:
             self._dlx.stop()
             self._dlx = None
@@ -649,6 +712,12 @@ class QuorumQueue(QueueProcess):
             except (st.StorageError, LookupError, ValueError, TypeError):
                 pass
         return out
+
+
+def _live_count(state: Any) -> int:
+    """Number of live messages of a queue state (cheap: no iteration over them)."""
+    return (len(state.lo) + len(state.hi) + len(state.returns) + len(state.dlx_pending)
+            + len(state.dlx_checked) + sum(len(c.checked) for c in state.consumers.values()))
 
 
 def live_indexes(state: Any) -> list[int]:
