@@ -7,8 +7,14 @@ rest. Uses the storage layer directly (real files, real fdatasync):
 
     .venv/bin/python -m bench.compaction                 # 1,000,000 entries
     .venv/bin/python -m bench.compaction --entries 100000 --size 200
+    .venv/bin/python -m bench.compaction --broker 100000    # a real broker process
 
-Prints segment files and bytes (apparent and allocated) at each step.
+Prints segment files and bytes (apparent and allocated) at each step. With
+--broker: one broker process (WAL roll-over at 4 MiB so segments appear,
+default snapshot interval), a quorum queue gets N messages with confirms,
+one is fetched and held unacknowledged, the other N-1 are consumed and
+acked; the queue's segment files are sampled while that runs and after the
+queue went idle (idle snapshot + release + compaction).
 """
 from __future__ import annotations
 
@@ -36,6 +42,84 @@ def usage(seg_dir: str) -> tuple[int, int, int]:
     return files, apparent, allocated
 
 
+def broker_run(n: int, size: int) -> None:
+    import queue as queue_mod
+    import threading
+    from pathlib import Path
+
+    import pika
+
+    from bench.throughput import consumer, publisher
+    from tests.e2e.broker_proc import BrokerProcess
+
+    qname = "pinned"
+    with tempfile.TemporaryDirectory(prefix="qq-compaction-broker-") as d:
+        b = BrokerProcess(Path(d) / "n1", env={"QQ_LOG_LEVEL": "WARNING"},
+                          config="raft.wal_max_size_bytes = 4194304\n").start()
+        try:
+            groups = Path(b.data_dir) / "raft" / "groups"
+
+            def seg_usage() -> tuple[int, int]:
+                files = total = 0
+                for g in groups.iterdir():
+                    gf = g / "GROUP"
+                    if gf.exists() and f"/{qname}/" in gf.read_text():
+                        for f in (g / "segments").iterdir():
+                            if f.name.endswith(".segment"):
+                                files += 1
+                                total += f.stat().st_size
+                return files, total
+
+            conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port))
+            ch = conn.channel()
+            ch.queue_declare(qname, durable=True, arguments={"x-queue-type": "quorum"})
+            ready = threading.Event()
+            ready.set()
+            out: queue_mod.Queue[object] = queue_mod.Queue()
+            t0 = time.monotonic()
+            publisher("127.0.0.1", b.port, qname, n, size, 500, ready, out)  # type: ignore[arg-type]
+            t1 = time.monotonic()
+            held = conn.channel()
+            method, _p, body = held.basic_get(qname, auto_ack=False)
+            assert method is not None
+            peak = seg_usage()
+            stop = threading.Event()
+
+            def sample() -> None:
+                nonlocal peak
+                while not stop.wait(0.25):
+                    u = seg_usage()
+                    if u[0] > peak[0]:
+                        peak = u
+            th = threading.Thread(target=sample, daemon=True)
+            th.start()
+            consumer("127.0.0.1", b.port, qname, n - 1, 1000, 100, threading.Event(), out)  # type: ignore[arg-type]
+            t2 = time.monotonic()
+            stop.set()
+            th.join()
+            done = seg_usage()
+            deadline = time.monotonic() + 60
+            while seg_usage()[0] > 3 and time.monotonic() < deadline:
+                time.sleep(0.25)
+            t3 = time.monotonic()
+            idle = seg_usage()
+            conn.close()  # the held message goes back to the queue
+            c2 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port))
+            m2, _p, again = c2.channel().basic_get(qname, auto_ack=True)
+            assert m2 is not None and again == body
+            c2.close()
+        finally:
+            b.stop()
+    print(f"real broker: {n} messages of {size} B into a quorum queue, 1 held unacked, "
+          f"{n - 1} consumed and acked (publish {t1 - t0:.1f} s, consume {t2 - t1:.1f} s)")
+    print(f"  {'':36} {'files':>7} {'bytes':>14}")
+    for label, (files, nbytes) in (("most while consuming", peak),
+                                   ("when the consumer finished", done),
+                                   (f"idle ({t3 - t2:.1f} s later)", idle)):
+        print(f"  {label:36} {files:>7} {nbytes:>14,}")
+    print("  the held message was then delivered again intact")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--entries", type=int, default=1_000_000)
@@ -44,7 +128,12 @@ def main() -> None:
     ap.add_argument("--wal-max-size", type=int, default=64 << 20)
     ap.add_argument("--pinned", type=int, default=17, help="index of the one live message")
     ap.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
+    ap.add_argument("--broker", type=int, default=0, metavar="N",
+                    help="instead: N messages through a real broker process")
     args = ap.parse_args()
+    if args.broker:
+        broker_run(args.broker, max(args.size, 16))
+        return
 
     path = args.dir or tempfile.mkdtemp(prefix="qq-compaction-")
     cfg = StorageConfig(wal_max_size_bytes=args.wal_max_size,
