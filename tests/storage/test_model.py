@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from broker.storage import Entry, GroupLog, HardState, LogManager, StorageConfig
+from broker.storage import CompactedError, Entry, GroupLog, HardState, LogManager, StorageConfig
 
 from .helpers import payload
 
@@ -36,6 +36,8 @@ class Model:
     hs: HardState = HardState()
     max_term: int = 1
     release_bound: int = 0  # storage may have deleted entries below this
+    dead: set[int] = field(default_factory=set)  # no longer live (a queue consumed them)
+    maybe_gone: set[int] = field(default_factory=set)  # dead, and compaction may have dropped it
 
     @property
     def log_last(self) -> int:
@@ -96,6 +98,12 @@ class StorageMachine(RuleBasedStateMachine):
         m = self.models[g]
         self._append(g, m.last + 1, n, m.max_term, sizes)
 
+    @rule(g=st.sampled_from(GROUPS), n=st.integers(10, 40))
+    def append_burst(self, g: str, n: int) -> None:
+        """Longer logs, so compaction has whole segments below the snapshot."""
+        m = self.models[g]
+        self._append(g, m.last + 1, n, m.max_term, [30])
+
     @rule(g=st.sampled_from(GROUPS), back=st.integers(0, 12), n=st.integers(1, 5),
           sizes=st.lists(st.integers(0, 200), min_size=1, max_size=3))
     def overwrite(self, g: str, back: int, n: int, sizes: list[int]) -> None:
@@ -149,6 +157,21 @@ class StorageMachine(RuleBasedStateMachine):
         if m.snap is not None:
             m.release_bound = max(m.release_bound, min(live, m.snap[0] + 1))
 
+    @rule(g=st.sampled_from(GROUPS), keep_every=st.integers(2, 9))
+    def compact(self, g: str, keep_every: int) -> None:
+        m = self.models[g]
+        if m.log and m.log_last >= (m.snap[0] if m.snap else 0):
+            self.snapshot(g, 0)  # the runtime compacts right after a snapshot
+        if m.snap is None:
+            return
+        # entries below the snapshot die (not every keep_every-th); a dead one never lives again
+        m.dead.update(i for i in m.log if i < m.snap[0] and i % keep_every)
+        live = [i for i in sorted(m.log) if i not in m.dead]
+        self.mgr.sync()
+        assert self.mgr.wait_flushed(10)  # segments below the snapshot, more often
+        self.logs[g].compact(live, min_gain=0.0)  # whenever it frees anything
+        m.maybe_gone.update(i for i in m.dead if i < m.snap[0])
+
     @rule()
     def sync(self) -> None:
         self.mgr.sync()
@@ -192,10 +215,19 @@ class StorageMachine(RuleBasedStateMachine):
             # whole segments below the release bound may be gone, nothing else
             must_keep = [i for i in m.log if i >= m.release_bound]
             assert m.first <= first <= min(must_keep, default=m.last + 1), (first, m)
-            if first <= m.log_last:
+            if first <= m.log_last and not m.maybe_gone:
                 got = log.entries(first, m.log_last + 1)
                 assert got == [m.log[i] for i in range(first, m.log_last + 1)]
                 assert log.term(m.log_last) == m.log[m.log_last].term
+            elif first <= m.log_last:  # compacted: holes only where entries died
+                for i in range(first, m.log_last + 1):
+                    try:
+                        got = log.entries(i, i + 1)
+                    except CompactedError:
+                        assert i in m.maybe_gone, (i, m)
+                        continue
+                    assert got == [m.log[i]]
+                    assert log.term(i) == m.log[i].term
             if m.snap is not None:
                 assert log.term(m.snap[0]) == m.snap[1]
                 meta = log.snapshot_meta()
