@@ -136,6 +136,11 @@ def member_usage(classified: DataFrame, groups: DataFrame, wal_groups: DataFrame
               "pinned_bytes", "active_bytes", "covered_bytes", "bytes_read", "wal_bytes",
               "wal_entries", "snapshot_bytes"):
         m = m.withColumn(c, F.coalesce(c, F.lit(0)).cast("long"))
+    # a member with no segment file left (an idle queue released its whole log)
+    # holds no live entry on disk, when the node's accounting is known
+    m = m.withColumn("live_entries", F.when(
+        F.col("live_entries").isNull() & F.col("live_messages").isNotNull()
+        & (F.col("segments") == 0), F.lit(0)).otherwise(F.col("live_entries")).cast("long"))
     orphan = (F.when(F.lit(not metadata_known) | (F.col("group_id") == META_GROUP), F.lit(None))
               .when(F.col("members").isNull(), F.lit("queue deleted"))
               .when(~F.array_contains("members", F.col("node")), F.lit("member removed")))
