@@ -746,7 +746,9 @@ class Node:
         except qm.QueueArgumentError as exc:
             log.error("queue %s/%s: policy not applied: %s", vhost, name, exc)
             return
-        self.queue_command_nowait(q, qm.UpdateConfig(config))
+        # through the same re-send-until-applied path as settles: a policy
+        # change lost with a leader change would otherwise never apply
+        self.queue_command_reliable(q.uid, ["C", qm.encode_command(qm.UpdateConfig(config))])
 
     # ------------------------------------------------------------ declarations
     def server_queue_name(self) -> str:
@@ -917,17 +919,6 @@ class Node:
             except Exception as exc:
                 raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
                                         f"{exc}") from None
-
-    def queue_command_nowait(self, q: QueueProcess, cmd: qm.Command) -> None:
-        self.queue_submit_nowait(q, lambda: q.command(cmd))
-
-    def queue_submit_nowait(self, q: QueueProcess, submit: Any) -> None:
-        try:
-            fut = submit()
-        except Exception as exc:
-            log.warning("queue %s: command not submitted: %s", q.name, exc)
-            return
-        fut.add_done_callback(_log_failure)
 
     def queue_command_reliable(self, uid: QueueUid, payload: list[Any],
                                on_applied: Any = None) -> None:

@@ -454,11 +454,6 @@ class QuorumQueue(QueueProcess):
     def leader_node(self) -> str | None:
         return self.group.leader or self.host.recorded_leader(self.vhost, self.name)
 
-    @property
-    def stopped(self) -> BaseException | None:
-        """Why this member stopped (a broken invariant or a storage failure), or None."""
-        return self.group.stopped
-
     def _replica_match(self, node: str) -> int:
         pr = self.group.node.progress.get(NodeId(node))
         return pr.match if pr is not None else 0
