@@ -18,10 +18,75 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _port_range() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range.
+
+    A port the kernel handed out with `bind(0)` is in the ephemeral range, so
+    between the test picking it and the broker binding it any outgoing
+    connection (a peer dialling another node, a client) may take it as its
+    source port: the broker then fails with EADDRINUSE. Nothing auto-binds
+    below `net.ipv4.ip_local_port_range`, so only other tests compete there.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(1024, low - 12000), low
+
+
+_PORT_LOCKS = Path("/tmp/qq-test-ports")
+_held: list[int] = []  # lock fds, held for this process's life
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no other test process has and nothing listens on.
+
+    Ports are taken from below the ephemeral range (see `_port_range`). Each
+    is reserved across concurrent test processes by an flock on
+    /tmp/qq-test-ports/PORT, held until this process exits (the kernel drops
+    it then, even on kill -9), so two pytest runs never pick the same port.
+    """
+    import fcntl
+
+    lo, hi = _port_range()
+    _PORT_LOCKS.mkdir(parents=True, exist_ok=True)
+    if not _next_port:
+        _next_port.append(lo + (os.getpid() * 7919) % (hi - lo))
+    for _ in range(hi - lo):
+        port = _next_port[0]
+        _next_port[0] = lo + (port + 1 - lo) % (hi - lo)
+        fd = os.open(_PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                os.close(fd)
+                continue
+        _held.append(fd)
+        return port
+    raise RuntimeError(f"no free port left in {lo}..{hi - 1}")
+
+
+def rabbitmq_port_pair() -> int:
+    """A free port p whose p + 20000 (RabbitMQ's Erlang distribution port) is free too."""
+    for _ in range(200):
+        p = free_port()
+        if p + 20000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 20000))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no free port pair for RabbitMQ")
 
 
 class BrokerProcess:

@@ -10,7 +10,7 @@ import pytest
 
 from bench import rabbitmq_local
 
-from .broker_proc import BrokerProcess, free_port
+from .broker_proc import BrokerProcess, free_port, rabbitmq_port_pair
 
 
 @pytest.fixture(scope="module")
@@ -101,23 +101,6 @@ def _public_dir() -> Path:
     return base
 
 
-def _port_pair() -> int:
-    """A free port p < 45000 whose p + 20000 (RabbitMQ's dist port) is free too."""
-    import socket
-
-    for _ in range(200):
-        p = free_port()
-        if p >= 45000:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 20000))
-            except OSError:
-                continue
-        return p
-    raise RuntimeError("no free port pair for RabbitMQ")
-
-
 @pytest.fixture(scope="session")
 def definitions_path() -> Iterator[Path]:
     import json
@@ -149,7 +132,7 @@ def rabbitmq_defs(definitions_path: Path) -> Iterator[int]:
     if not rabbitmq_local.installed():
         pytest.skip("rabbitmq-server is not installed (make test installs it when run as root)")
     base = _public_dir()
-    port = _port_pair()
+    port = rabbitmq_port_pair()
     node = rabbitmq_local.RabbitNode(f"qqdefs{os.getpid()}@localhost", port, base / "node")
     node.base.mkdir()
     shutil.copy(definitions_path, node.base / "definitions.json")

@@ -37,8 +37,7 @@ from broker.queue.config import consumer_timeout_ms, parse_queue_arguments
 from broker.queue.errors import QueueArgumentError
 from broker.runtime.amqp_server import ack_timeout_text, first_timed_out
 
-from .broker_proc import BrokerProcess, free_port
-from .conftest import _port_pair
+from .broker_proc import BrokerProcess, free_port, rabbitmq_port_pair
 
 QQ = {"x-queue-type": "quorum"}
 
@@ -185,7 +184,7 @@ def rabbit_1s() -> Iterator[int]:
         pytest.skip("rabbitmq-server is not installed (make test installs it when run as root)")
     base = Path(tempfile.mkdtemp(prefix="qq-ct-rabbit-"))
     base.chmod(0o755)
-    port = _port_pair()
+    port = rabbitmq_port_pair()
     node = _TickRabbit(f"qqct{os.getpid()}@localhost", port, base / "node")
     node.base.mkdir()
     (node.base / "advanced.config").write_text("[{rabbit, [{channel_tick_interval, 500}]}].\n")

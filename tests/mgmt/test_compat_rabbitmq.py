@@ -26,7 +26,7 @@ import pika
 import pytest
 
 from bench import rabbitmq_local
-from tests.e2e.broker_proc import BrokerProcess, free_port
+from tests.e2e.broker_proc import BrokerProcess, free_port, rabbitmq_port_pair
 
 from .conftest import Api, wait_for
 
@@ -39,23 +39,6 @@ class ManagementRabbit(rabbitmq_local.RabbitNode):
         return env
 
 
-def _port_pair() -> int:
-    """A free port below 45000 whose +20000 (RabbitMQ's dist port) is free too."""
-    import socket
-
-    for _ in range(200):
-        p = free_port()
-        if p >= 45000:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 20000))
-            except OSError:
-                continue
-        return p
-    raise RuntimeError("no free port pair for RabbitMQ")
-
-
 PROMETHEUS_PORT: dict[str, int] = {}
 
 
@@ -63,7 +46,7 @@ PROMETHEUS_PORT: dict[str, int] = {}
 def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Api, int]]:
     if not rabbitmq_local.installed():
         pytest.skip("rabbitmq-server is not installed (make test installs it when run as root)")
-    port, mport, pport = _port_pair(), free_port(), free_port()
+    port, mport, pport = rabbitmq_port_pair(), free_port(), free_port()
     PROMETHEUS_PORT["rabbit"] = pport
     # RabbitMQ runs as the `rabbitmq` user under root and cannot enter pytest's
     # 0700 tmp root (which concurrent pytest sessions keep resetting to 0700).
