@@ -62,6 +62,10 @@ class QueueConfig:
     initial_group_size: int | None = None
     target_group_size: int | None = None
     leader_locator: str | None = None
+    # classic queues: a returned message goes back to its original position
+    # (RabbitMQ's classic queues); quorum queues put it at the back or, with
+    # a delivery limit, near the head
+    requeue_in_place: bool = False
 
     @property
     def at_least_once(self) -> bool:

@@ -22,13 +22,14 @@ costs a few bytes per message, not a dict entry.
 
 Ready messages live in three FIFOs: `returns` (returned while a delivery limit
 is set: served first, i.e. "near the head"), `hi` (priority > 4) and `lo`
-(normal, and returned messages when the limit is disabled: the back).
+(normal, and returned messages when the limit is disabled: the back; for a
+classic queue, `requeue_in_place`, back in index order where it was).
 Between `hi` and `lo` every third pick takes `lo` unless `hi`'s head is older
 (RabbitMQ 4.x rabbit_fifo_q, weight 2).
 """
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -465,6 +466,13 @@ def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
     st.extra[idx] = (dc, returned + 1)
     if limit is not None:
         st.returns.append(rec)
+    elif st.config.requeue_in_place:
+        # `lo` stays in index order: the message goes back where it was
+        lo = st.lo
+        if lo and rec_index(lo[-1]) > idx:
+            lo.insert(bisect_left(lo, idx, key=rec_index), rec)
+        else:
+            lo.append(rec)
     else:
         st.lo.append(rec)
         st.out_of_order.add(idx)

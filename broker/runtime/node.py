@@ -149,6 +149,7 @@ class Node:
         for record in list(self.meta.state.queues.values()):
             self._start_queue(record)
         self._drop_orphan_classic_logs()
+        await self._delete_stale_temporaries()
         if fresh and self.config["load_definitions"] and self.meta.group.is_leader:
             # Once, by the node that created the cluster, before clients can connect.
             await load_definitions_file(self, self.config["load_definitions"])
@@ -724,6 +725,28 @@ class Node:
         except st.StorageError as exc:
             log.error("could not delete the data of %s: %s", gid, exc)
 
+    async def _delete_stale_temporaries(self) -> None:
+        """Classic queues that do not outlive their node (non-durable or
+        exclusive) and are homed here were lost
+        with the last run: delete their definitions before clients can
+        connect, as RabbitMQ deletes transient queues on a restart (and an
+        exclusive queue's owner connection is gone for good; a new connection
+        must never inherit it)."""
+        me = md.NodeName(self.node_name)
+        stale = [r for r in self.meta.state.queues.values()
+                 if r.type != "quorum" and r.members[:1] == (me,) and not _durable_classic(r)]
+        for r in stale:
+            try:
+                reply = await asyncio.wait_for(self.meta.execute(md.DeleteQueue(
+                    r.vhost, r.name, owner=r.exclusive_owner)), 30)
+            except (TimeoutError, Exception) as exc:  # noqa: BLE001 - logged, retried next start
+                log.warning("could not delete the transient queue %s/%s: %s", r.vhost, r.name, exc)
+                continue
+            if isinstance(reply, md.MetadataError):
+                log.warning("could not delete the transient queue %s/%s: %s", r.vhost, r.name, reply)
+            else:
+                log.info("deleted the transient queue %s/%s (its node restarted)", r.vhost, r.name)
+
     def _drop_orphan_classic_logs(self) -> None:
         """Logs of durable classic queues deleted while this node was down
         (a metadata snapshot carries no deletion): the group id holds the
@@ -952,9 +975,9 @@ class Node:
 
 def _durable_classic(record: md.QueueRecord) -> bool:
     """Classic queues whose persistent messages survive a restart (RabbitMQ:
-    durable ones; exclusive and auto-delete queues are temporaries here)."""
-    return (record.type != "quorum" and record.durable and record.exclusive_owner is None
-            and not record.auto_delete)
+    durable ones, auto-delete or not; exclusive queues go with their
+    connection)."""
+    return record.type != "quorum" and record.durable and record.exclusive_owner is None
 
 
 def _qq_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -995,7 +1018,7 @@ def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfi
         message_ttl_ms=num("x-message-ttl"), expires_ms=num("x-expires"),
         dead_letter_exchange=args.get("x-dead-letter-exchange"),
         dead_letter_routing_key=args.get("x-dead-letter-routing-key"),
-        delivery_limit=None,
+        delivery_limit=None, requeue_in_place=True,
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
     )
 

@@ -639,6 +639,41 @@ def s_classic_redelivery(port: int) -> dict[str, Any]:
     return r
 
 
+def s_classic_requeue_position(port: int) -> dict[str, Any]:
+    """Classic queues put a requeued message back where it was ("placed to
+    its original position in its queue", consumer acknowledgements guide),
+    by nack, reject, recover and a channel closing with unacked messages."""
+    conn = connect(port)
+    ch = conn.channel()
+    fresh(ch, "crp-q", None, durable=False)
+    ch.confirm_delivery()
+    for i in range(6):
+        ch.basic_publish("", "crp-q", b"m%d" % i)
+    tags = [ch.basic_get("crp-q")[0].delivery_tag for _ in range(4)]  # m0..m3 out
+    ch.basic_nack(tags[2], requeue=True)
+    ch.basic_reject(tags[0], requeue=True)
+    r: dict[str, Any] = {"after_nack": drain_get(ch, "crp-q", ack=False)}
+    ch.basic_recover(requeue=True)  # everything unacked on the channel
+    out = []
+    for _ in range(6):
+        method, _props, body = ch.basic_get("crp-q")
+        out.append((method.delivery_tag, body.decode(), method.redelivered))
+    r["after_recover"] = [(b, red) for _t, b, red in out]
+    for tag, body, _red in out:
+        if body in ("m1", "m4"):
+            ch.basic_ack(tag)
+    ch.close()  # m0, m2, m3, m5 return
+    held = conn.channel()
+    r["held"] = [held.basic_get("crp-q")[2].decode() for _ in range(2)]
+    ch = conn.channel()
+    r["after_close"] = drain_get(ch, "crp-q", ack=True)
+    held.close()
+    r["after_held_close"] = drain_get(ch, "crp-q", ack=True)
+    ch.queue_delete("crp-q")
+    conn.close()
+    return r
+
+
 def s_dead_lettering(port: int) -> dict[str, Any]:
     conn = connect(port)
     ch = conn.channel()
@@ -1019,6 +1054,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_mandatory_and_confirms),
     Scenario(s_acks_and_redelivery, _acks_to_4x),
     Scenario(s_classic_redelivery),
+    Scenario(s_classic_requeue_position),
     Scenario(s_dead_lettering),
     Scenario(s_dead_letter_cycles),
     Scenario(s_ttl),
