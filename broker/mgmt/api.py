@@ -306,6 +306,7 @@ async def overview(request: web.Request) -> web.Response:
         for k in totals:
             totals[k] += int(counts.get(k, 0))
         consumers += int(counts.get("consumers", 0))
+    cluster = await node.cluster_call("totals")
     visible_q = sum(1 for r in state.queues.values() if c.can_see(r.vhost))
     visible_x = sum(1 for (vh, _) in state.exchanges if c.can_see(vh))
     return web.json_response({
@@ -315,10 +316,10 @@ async def overview(request: web.Request) -> web.Response:
         "cluster_name": min(v.cluster_nodes(node)),
         "node": node.node_name,
         "object_totals": {"queues": visible_q, "exchanges": visible_x, "consumers": consumers,
-                          "connections": len(node.connections),
-                          "channels": sum(len(getattr(x, "channels", {})) for x in node.connections)},
+                          "connections": sum(t["connections"] for t in cluster),
+                          "channels": sum(t["channels"] for t in cluster)},
         "queue_totals": totals,
-        "message_stats": v.node_message_stats(node),
+        "message_stats": v.sum_message_stats([t["message_stats"] for t in cluster]),
         "listeners": [{"node": node.node_name, "protocol": "amqp", "port": node.port}],
     })
 
@@ -593,6 +594,16 @@ async def counts_for(node: Any, record: md.QueueRecord) -> dict[str, Any] | None
         return None
 
 
+async def queue_stats(node: Any, only: tuple[str, str] | None = None) -> dict[tuple[Any, ...], Any]:
+    """Per-queue message_stats of the whole cluster (every node counts what
+    its own channels did), by (vhost, name, created_at)."""
+    parts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for answer in await node.cluster_call("queue_stats", list(only) if only else None):
+        for vhost, name, created_at, stats in answer:
+            parts.setdefault((vhost, name, created_at), []).append(stats)
+    return {k: v.sum_message_stats(p) for k, p in parts.items()}
+
+
 async def list_queues(request: web.Request) -> web.Response:
     c = ctx(request)
     vhost = request.match_info.get("vhost")
@@ -601,7 +612,9 @@ async def list_queues(request: web.Request) -> web.Response:
     records = [r for (vh, _), r in sorted(c.node.meta.state.queues.items())
                if (vhost is None or vh == vhost) and c.can_see(vh)]
     counts = await asyncio.gather(*(counts_for(c.node, r) for r in records))
-    return web.json_response([v.queue_view(c.node, r, n) for r, n in zip(records, counts, strict=True)])
+    stats = await queue_stats(c.node)
+    return web.json_response([v.queue_view(c.node, r, n, stats.get((r.vhost, r.name, r.created_at)))
+                              for r, n in zip(records, counts, strict=True)])
 
 
 def queue_record(c: Ctx, vhost: str, name: str) -> md.QueueRecord:
@@ -615,7 +628,9 @@ def queue_record(c: Ctx, vhost: str, name: str) -> md.QueueRecord:
 async def get_queue(request: web.Request) -> web.Response:
     c = ctx(request)
     record = queue_record(c, request.match_info["vhost"], request.match_info["name"])
-    return web.json_response(v.queue_view(c.node, record, await counts_for(c.node, record)))
+    stats = await queue_stats(c.node, (record.vhost, record.name))
+    return web.json_response(v.queue_view(c.node, record, await counts_for(c.node, record),
+                                          stats.get((record.vhost, record.name, record.created_at))))
 
 
 QUEUE_PUT_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -996,7 +1011,7 @@ def _find(items: list[dict[str, Any]], name: str, what: str) -> dict[str, Any]:
     for item in items:
         if item["name"] == name:
             return item
-    raise ApiError(404, f"no {what} '{name}' on this node", error="Object Not Found")
+    raise ApiError(404, f"no {what} '{name}'", error="Object Not Found")
 
 
 def _in_vhost(c: Ctx, request: web.Request, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1007,49 +1022,68 @@ def _in_vhost(c: Ctx, request: web.Request, items: list[dict[str, Any]]) -> list
     return [i for i in items if i["vhost"] == vhost]
 
 
+async def _cluster_list(c: Ctx, op: str) -> list[dict[str, Any]]:
+    """The whole cluster's connections/channels/consumers (every reachable
+    node's), as RabbitMQ lists them."""
+    return [item for answer in await c.node.cluster_call(op) for item in answer]
+
+
+async def _connections(c: Ctx) -> list[dict[str, Any]]:
+    return v.visible(await _cluster_list(c, "connections"), c.name, c.sees_all())
+
+
+async def _channels(c: Ctx) -> list[dict[str, Any]]:
+    return v.visible(await _cluster_list(c, "channels"), c.name, c.sees_all())
+
+
 async def list_connections(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response(_in_vhost(c, request, v.connections(c.node, c.name, c.sees_all())))
+    return web.json_response(_in_vhost(c, request, await _connections(c)))
 
 
 async def get_connection(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response(_find(v.connections(c.node, c.name, c.sees_all()),
-                                   request.match_info["name"], "connection"))
+    return web.json_response(_find(await _connections(c), request.match_info["name"], "connection"))
 
 
 async def delete_connection(request: web.Request) -> web.Response:
-    """Close a connection: 320 CONNECTION_FORCED with RabbitMQ's reason (the
-    X-Reason header, else 'Closed via management plugin')."""
+    """Close a connection on whichever node holds it: 320 CONNECTION_FORCED
+    with RabbitMQ's reason (the X-Reason header, else 'Closed via management
+    plugin')."""
     c = ctx(request)
     name = request.match_info["name"]
-    info = _find(v.connections(c.node, c.name, c.sees_all()), name, "connection")
+    info = _find(await _connections(c), name, "connection")
     if not c.admin and info.get("user") != c.name:
         raise ApiError(403, f"user '{c.name}' may not close connection '{name}'")
     reason = request.headers.get("X-Reason", "Closed via management plugin")
-    for conn in list(c.node.connections):
-        if conn.name == name:
-            conn.force_close(reason)
+    node = c.node
+    if info.get("node") in (None, node.node_name):
+        node.close_local_connection(name, reason)
+    else:
+        try:
+            await node.cluster.call(info["node"], "close_connection", [name, reason], 5.0)
+        except (TimeoutError, ConnectionError, RuntimeError) as exc:
+            raise ApiError(503, f"could not reach node '{info['node']}' to close '{name}': {exc}",
+                           error="Service Unavailable") from None
     return web.Response(status=204)
 
 
 async def connection_channels(request: web.Request) -> web.Response:
     c = ctx(request)
     name = request.match_info["name"]
-    _find(v.connections(c.node, c.name, c.sees_all()), name, "connection")
-    return web.json_response([ch for ch in v.channels(c.node, c.name, c.sees_all())
+    _find(await _connections(c), name, "connection")
+    return web.json_response([ch for ch in await _channels(c)
                               if ch["connection_details"]["name"] == name])
 
 
 async def list_channels(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response(_in_vhost(c, request, v.channels(c.node, c.name, c.sees_all())))
+    return web.json_response(_in_vhost(c, request, await _channels(c)))
 
 
 async def get_channel(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response(_find(v.channels(c.node, c.name, c.sees_all()),
-                                   request.match_info["name"], "channel"))
+    return web.json_response(_find(await _channels(c), request.match_info["name"], "channel"))
 
 
 async def list_consumers(request: web.Request) -> web.Response:
@@ -1057,7 +1091,7 @@ async def list_consumers(request: web.Request) -> web.Response:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         c.need_vhost(vhost)
-    return web.json_response([x for x in v.consumers(c.node)
+    return web.json_response([x for x in await _cluster_list(c, "consumers")
                               if (vhost is None or x["queue"]["vhost"] == vhost)
                               and c.can_see(x["queue"]["vhost"])])
 

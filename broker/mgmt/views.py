@@ -99,7 +99,8 @@ def local_counts(node: Any, record: md.QueueRecord) -> dict[str, Any] | None:
     return ov
 
 
-def queue_view(node: Any, record: md.QueueRecord, counts: dict[str, Any] | None) -> dict[str, Any]:
+def queue_view(node: Any, record: md.QueueRecord, counts: dict[str, Any] | None,
+               message_stats: dict[str, Any] | None = None) -> dict[str, Any]:
     state = node.meta.state
     pol = md.queue_policy(state, record)
     opol = md.queue_operator_policy(state, record)
@@ -132,8 +133,8 @@ def queue_view(node: Any, record: md.QueueRecord, counts: dict[str, Any] | None)
     }
     if record.type == "quorum" and counts is not None and c.get("delivery_limit") is not None:
         out["delivery_limit"] = c["delivery_limit"]
-    # this node's channels' share (RabbitMQ sums every node's)
-    out["message_stats"] = queue_message_stats(node, record.vhost, record.name)
+    # every node's channels' counts added up (api.queue_stats)
+    out["message_stats"] = message_stats if message_stats is not None else empty_message_stats()
     if record.type == "quorum":
         # at-least-once dead letters waiting for the targets' confirms (4.x names)
         out["messages_dlx"] = int(c.get("messages_dlx", 0))
@@ -200,20 +201,10 @@ def _visible(info: dict[str, Any], user: str, sees_all: bool) -> bool:
     return sees_all or info.get("user") == user
 
 
-def connections(node: Any, user: str, sees_all: bool) -> list[dict[str, Any]]:
-    """This node's AMQP connections (RabbitMQ lists the whole cluster's)."""
-    out = [c.info() for c in list(node.connections) if getattr(c, "vhost", "")]
-    return sorted((i for i in out if _visible(i, user, sees_all)), key=lambda i: i["name"])
-
-
-def channels(node: Any, user: str, sees_all: bool) -> list[dict[str, Any]]:
-    out = [ch.info() for c in list(node.connections) for ch in list(c.channels.values())]
-    return sorted((i for i in out if _visible(i, user, sees_all)), key=lambda i: i["name"])
-
-
-def consumers(node: Any) -> list[dict[str, Any]]:
-    return [info for c in list(node.connections) for ch in list(c.channels.values())
-            for info in ch.consumer_infos()]
+def visible(items: list[dict[str, Any]], user: str, sees_all: bool) -> list[dict[str, Any]]:
+    """Connections or channels the user may see (all for monitoring and
+    administrator tags, else their own), by name."""
+    return sorted((i for i in items if _visible(i, user, sees_all)), key=lambda i: i["name"])
 
 
 def empty_message_stats() -> dict[str, Any]:
@@ -225,12 +216,19 @@ def empty_message_stats() -> dict[str, Any]:
     return out
 
 
+def sum_message_stats(parts: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """Several nodes' message_stats added up (counts and rates), as
+    RabbitMQ's overview shows the cluster's."""
+    out = empty_message_stats()
+    for part in parts:
+        for key, val in (part or {}).items():
+            if isinstance(val, dict):
+                out.setdefault(key, {"rate": 0.0})["rate"] += float(val.get("rate", 0.0))
+            elif isinstance(val, (int, float)) and not isinstance(val, bool):
+                out[key] = out.get(key, 0) + val
+    return out
+
+
 def node_message_stats(node: Any) -> dict[str, Any]:
     stats = getattr(node, "msg_stats", None)
     return stats.totals.message_stats() if stats is not None else empty_message_stats()
-
-
-def queue_message_stats(node: Any, vhost: str, name: str) -> dict[str, Any]:
-    stats = getattr(node, "msg_stats", None)
-    found = stats.for_queue(vhost, name) if stats is not None else None
-    return found.message_stats() if found is not None else empty_message_stats()

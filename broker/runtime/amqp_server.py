@@ -113,14 +113,6 @@ class NodeStats:
             c = self.queues[uid] = MsgCounters()
         return c
 
-    def for_queue(self, vhost: str, name: str) -> MsgCounters | None:
-        """Counters of the live queue vhost/name (its current declaration)."""
-        found = None
-        for uid, c in self.queues.items():
-            if uid[0] == vhost and uid[1] == name and (found is None or uid > found[0]):
-                found = (uid, c)
-        return found[1] if found else None
-
     def start(self) -> None:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(STATS_INTERVAL, self._tick)

@@ -16,6 +16,8 @@ Peer messages (msgpack arrays):
     ["q", req_id, vhost, queue, payload]         queue command for the leader
     ["a", req_id, status, reply]                 its reply ("ok"|"not_leader"|"error")
     ["d", vhost, queue, channel, tag, [deliveries], {index: message}]
+    ["i", call_id, op, args]                     a node-local question (Node.serve_call)
+    ["o", call_id, ok, value]                    its answer (or the error's text)
 """
 from __future__ import annotations
 
@@ -123,6 +125,7 @@ class Cluster:
         # queue -> (leader named by a refusal, when): preferred over a possibly
         # stale metadata record for a few seconds
         self._hints: dict[tuple[str, str], tuple[str, float]] = {}
+        self._calls: dict[int, asyncio.Future[Any]] = {}
         self.transport.on_peer_down = self._peer_down
         # Every (re)connection starts with our hello: the peer learns that
         # whatever we sent it on the previous connection (replies included)
@@ -143,6 +146,9 @@ class Cluster:
         for r in self._requests.values():
             if not r.future.done():
                 r.future.set_exception(ConnectionError("node shutting down"))
+        for f in self._calls.values():
+            if not f.done():
+                f.set_exception(ConnectionError("node shutting down"))
         await self.transport.close()
 
     def _peer_down(self, peer: str) -> None:
@@ -294,6 +300,30 @@ class Cluster:
                 if gen >= 0 and any(r.target != leader or r.gen != gen for r in pending.values()):
                     self._resync(key)
 
+    async def call(self, peer: str, op: str, args: Any, timeout: float) -> Any:
+        """Ask `peer` a node-local question (`Node.serve_call(op, args)`,
+        e.g. its AMQP connections for the management API) and wait for the
+        answer. Not re-sent: a lost connection or a slow peer raises
+        TimeoutError after `timeout`; an error on the peer raises RuntimeError."""
+        self._req_seq += 1
+        call_id = self._req_seq
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = fut
+        try:
+            if peer not in self.peers or not self.transport.is_connected(peer):
+                raise ConnectionError(f"node {peer} is not connected")
+            self.transport.send(peer, ["i", call_id, op, args])
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _serve_call(self, peer: str, call_id: int, op: str, args: Any) -> None:
+        try:
+            value, ok = self.node.serve_call(op, args), True
+        except Exception as exc:  # noqa: BLE001 - the asker gets the text
+            value, ok = f"{type(exc).__name__}: {exc}", False
+        self.transport.send(peer, ["o", call_id, ok, value])
+
     def send_deliveries(self, node: str, vhost: str, queue: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None:
         if node in self.peers:
@@ -314,6 +344,15 @@ class Cluster:
                 self.node.remote_deliveries(m[1], m[2], m[3], m[4], m[5], m[6])
             elif kind == "j":
                 self.node.handle_join(m[1], m[2], m[3])
+            elif kind == "i":
+                self._serve_call(peer, m[1], m[2], m[3])
+            elif kind == "o":
+                fut = self._calls.get(m[1])
+                if fut is not None and not fut.done():
+                    if m[2]:
+                        fut.set_result(m[3])
+                    else:
+                        fut.set_exception(RuntimeError(m[3]))
             elif kind == "h":
                 # A new connection from `peer`: replies it sent us on the old
                 # one may be lost. Re-send our pending requests to it, in order

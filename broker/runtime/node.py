@@ -526,6 +526,70 @@ class Node:
         if q is not None:
             q.remote_deliveries(channel, tag, deliveries, bodies)
 
+    # ------------------------------------------------------------ node-local views
+    def local_connections(self) -> list[dict[str, Any]]:
+        """This node's AMQP connections (past the login), as the management
+        API shows them."""
+        return [c.info() for c in list(self.connections) if getattr(c, "vhost", "")]
+
+    def local_channels(self) -> list[dict[str, Any]]:
+        return [ch.info() for c in list(self.connections) for ch in list(c.channels.values())]
+
+    def local_consumers(self) -> list[dict[str, Any]]:
+        return [info for c in list(self.connections) for ch in list(c.channels.values())
+                for info in ch.consumer_infos()]
+
+    def close_local_connection(self, name: str, reason: str) -> bool:
+        """Force-close this node's connection `name` (320 CONNECTION_FORCED)."""
+        found = False
+        for conn in list(self.connections):
+            if getattr(conn, "name", None) == name:
+                conn.force_close(reason)
+                found = True
+        return found
+
+    def serve_call(self, op: str, args: Any) -> Any:
+        """A peer's node-local question (Cluster.call): the management API of
+        any node shows the whole cluster's connections, channels and consumers."""
+        if op == "connections":
+            return self.local_connections()
+        if op == "channels":
+            return self.local_channels()
+        if op == "consumers":
+            return self.local_consumers()
+        if op == "totals":
+            stats = getattr(self, "msg_stats", None)
+            return {"connections": len(self.local_connections()),
+                    "channels": sum(len(c.channels) for c in list(self.connections)),
+                    "message_stats": stats.totals.message_stats() if stats is not None else None}
+        if op == "queue_stats":
+            # [[vhost, name, created_at, message_stats]] of this node's channels
+            stats = getattr(self, "msg_stats", None)
+            want = tuple(args) if args else None
+            return [] if stats is None else [
+                [uid[0], uid[1], uid[2], c.message_stats()] for uid, c in list(stats.queues.items())
+                if want is None or (uid[0], uid[1]) == want]
+        if op == "close_connection":
+            return self.close_local_connection(str(args[0]), str(args[1]))
+        raise ValueError(f"unknown call {op!r}")
+
+    async def cluster_call(self, op: str, args: Any = None, timeout: float = 3.0) -> list[Any]:
+        """`serve_call(op, args)` here and on every connected peer; the
+        answers in node order. A peer that does not answer in time is left
+        out (RabbitMQ's lists leave out unreachable nodes too)."""
+        answers: list[Any] = [self.serve_call(op, args)]
+        if self.cluster is None:
+            return answers
+        peers = [p for p in sorted(self.cluster.peers) if self.cluster.transport.is_connected(p)]
+        results = await asyncio.gather(*(self.cluster.call(p, op, args, timeout) for p in peers),
+                                       return_exceptions=True)
+        for peer, r in zip(peers, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("%s from %s: no answer: %s", op, peer, r)
+            else:
+                answers.append(r)
+        return answers
+
     def leader_elected(self, vhost: str, name: str) -> None:
         r = self.queue_record(vhost, name)
         if r is not None and r.leader != self.node_name:

@@ -30,7 +30,8 @@ class Api:
         return Api(self.port, user, password)
 
     def call(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
-             auth: bool = True, timeout: float = 60) -> tuple[int, Any]:
+             auth: bool = True, timeout: float = 60,
+             headers: dict[str, str] | None = None) -> tuple[int, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         req = urllib.request.Request(self.base + path, data=data, method=method)
         if data is not None:
@@ -38,6 +39,8 @@ class Api:
         if auth:
             token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
             req.add_header("Authorization", f"Basic {token}")
+        for k, val in (headers or {}).items():
+            req.add_header(k, val)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 status, text = resp.status, resp.read()

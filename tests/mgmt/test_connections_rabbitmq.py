@@ -4,9 +4,9 @@ management API (issue 13, item 5): the same scenario against RabbitMQ 3.10
 client controls must agree.
 
 Deliberate differences (asserted):
-- our lists hold this node's connections/channels/consumers only (RabbitMQ's
-  hold the whole cluster's); so do the per-queue message_stats (this node's
-  channels' share);
+- the per-queue message_stats are this node's channels' share (RabbitMQ's
+  add up the cluster; the connection, channel and consumer lists and the
+  overview's totals are the whole cluster's in both, see test_cluster_views.py);
 - message_stats always carries every count and its rate (RabbitMQ omits the
   object until it has sampled some traffic);
 - an unknown ackmode in POST .../get: RabbitMQ 500 (its handler crashes), we 400;
