@@ -164,6 +164,15 @@ class Cluster:
         self.members = sorted({self.name, *self.peers})
         self.transport.add_peer(name, host, port)
 
+    def remove_peer(self, name: str) -> None:
+        """A node left the cluster for good (Node._forget_departed_peers)."""
+        if self.peers.pop(name, None) is None:
+            return
+        self.members = sorted({self.name, *self.peers})
+        self.transport.remove_peer(name)
+        self.incarnations.pop(name, None)
+        self._hints = {k: h for k, h in self._hints.items() if h[0] != name}
+
     def send_join(self, host: str, port: int) -> None:
         """Ask every seed to let this node into the cluster (see Node.handle_join)."""
         for peer in self.peers:

@@ -83,6 +83,7 @@ class Node:
         self._join_task: asyncio.Task[None] | None = None
         self.membership = Membership(self)
         self._down_since: dict[str, float] = {}
+        self._departing: set[str] = set()  # peers the last housekeeping pass found gone
         self._housekeeping_task: asyncio.Task[None] | None = None
         self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
         # Queue members on this node that could not start (their storage is
@@ -306,9 +307,37 @@ class Node:
                         self._down_since.pop(peer, None)
                     else:
                         self._down_since.setdefault(peer, now)
+                self._forget_departed_peers()
             for q in list(self.queues.values()):
                 if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                     q.reap_dead_channels()
+
+    def _forget_departed_peers(self) -> None:
+        """Drop peers that left the cluster for good (`forget_node`: out of
+        the metadata group, no queue member, no recorded address), once two
+        housekeeping passes in a row agree: they vanish from /api/nodes and
+        nothing is sent to them any more, without a restart. A node that
+        comes back joins again (its join records it, which re-adds it)."""
+        assert self.cluster is not None
+        config = self.meta.group.node.config
+        if self.node_name not in config.members:
+            return  # not (yet) a member here: this node's view is no authority
+        known = set(config.members)
+        for r in self.meta.state.queues.values():
+            known.update(r.members)
+        for q in self.queues.values():
+            group = getattr(q, "group", None)
+            if group is not None:
+                known.update(group.node.config.members)
+        for (_vh, component, name), _p in self.meta.state.parameters.items():
+            if component == CLUSTER_NODES:
+                known.add(name)
+        gone = {p for p in self.cluster.peers if p not in known}
+        for peer in gone & self._departing:
+            log.info("node %s left the cluster: forgetting it", peer)
+            self.cluster.remove_peer(peer)
+            self._down_since.pop(peer, None)
+        self._departing = gone
 
     def _advertised(self) -> tuple[str, int]:
         """Where peers reach this node: the host part of its name and the

@@ -235,6 +235,10 @@ def test_pods_form_join_restart_and_leave(statefulset: Any) -> None:
         status, q = pod(0).api("GET", f"/api/queues/%2F/{qn}")
         assert node_name(3) not in q["members"], q
     pod(3).stop()
+    # every remaining node forgets pod 3 without a restart: /api/nodes lists 0..2
+    for i in range(3):
+        assert eventually(lambda i=i: sorted(n["name"] for n in pod(i).api("GET", "/api/nodes")[1])
+                          == [node_name(j) for j in range(3)]), (i, pod(i).api("GET", "/api/nodes"))
     # The metadata group is {0,1,2} again: with 2 of them up it still takes
     # changes (as a 4-voter group it would need 3).
     pod(2).stop()
