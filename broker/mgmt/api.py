@@ -1212,13 +1212,14 @@ async def get_messages(request: web.Request) -> web.Response:
         if taken:
             cid = ConsumerId(ref, DEQUEUE_TAG)
             ids = tuple(taken)
+            settle: qm.Command
             if ackmode == "reject_requeue_false":
-                payload_cmd = ["C", qm.encode_command(qm.Discard(cid, ids))]
+                settle = qm.Discard(cid, ids)
             elif ackmode.endswith("requeue_true"):
-                payload_cmd = ["C", qm.encode_command(qm.Return(cid, ids))]
+                settle = qm.Return(cid, ids)
             else:
-                payload_cmd = ["S", cid.channel, cid.tag, list(ids)]
-            node.queue_command_reliable(q.uid, payload_cmd)
+                settle = qm.Settle(cid, ids)
+            node.queue_command_reliable(q.uid, settle)
     return web.json_response(out)
 
 

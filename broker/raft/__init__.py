@@ -7,6 +7,7 @@ Ready contract. No I/O, no clocks, no ambient randomness in this package.
 """
 from broker.raft.errors import (
     Compacted,
+    ConfChangePending,
     InvalidConfChange,
     InvariantViolation,
     NotLeader,
@@ -14,6 +15,7 @@ from broker.raft.errors import (
     RaftError,
     RaftUsageError,
     StorageError,
+    TransferInProgress,
     TransferRefused,
     Unavailable,
 )
@@ -50,12 +52,12 @@ from broker.raft.types import (
 )
 
 __all__ = [
-    "AppendEntries", "AppendResponse", "Compacted", "ConfChange", "ConfChangeKind",
+    "AppendEntries", "AppendResponse", "Compacted", "ConfChange", "ConfChangeKind", "ConfChangePending",
     "EMPTY_HARD_STATE", "Entry", "EntryKind", "HardState", "Heartbeat", "HeartbeatResponse",
     "Index", "InstallSnapshot", "InstallSnapshotResponse", "InvalidConfChange",
     "InvariantViolation", "LogStorage", "Membership", "MemoryStorage", "Message", "NodeId",
     "NotLeader", "PeerStatus", "ProgressState", "ProposalDropped", "RaftConfig", "RaftError",
     "RaftNode", "RaftUsageError", "RandomSource", "Ready", "RequestVote", "RequestVoteResponse",
     "Role", "Snapshot", "SnapshotMeta", "SoftState", "Status", "StorageError", "Term",
-    "TimeoutNow", "TransferRefused", "Unavailable", "decode_conf_entry", "encode_conf_entry",
+    "TimeoutNow", "TransferInProgress", "TransferRefused", "Unavailable", "decode_conf_entry", "encode_conf_entry",
 ]

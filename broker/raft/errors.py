@@ -49,6 +49,15 @@ class TransferRefused(RaftError):
         self.reason = reason
 
 
+class ConfChangePending(InvalidConfChange):
+    """Another configuration change (or the new leader's first entry) is not
+    committed yet: this one is fine, only too early. Retry later."""
+
+
+class TransferInProgress(TransferRefused):
+    """A leadership transfer is already under way. Retry later."""
+
+
 class RaftUsageError(RaftError):
     """The host broke the API contract (e.g. advanced Readies out of order)."""
 

@@ -39,12 +39,14 @@ from typing import Any, Protocol
 
 from broker.raft.errors import (
     Compacted,
+    ConfChangePending,
     InvalidConfChange,
     InvariantViolation,
     NotLeader,
     ProposalDropped,
     RaftUsageError,
     StorageError,
+    TransferInProgress,
     TransferRefused,
 )
 from broker.raft.log import RaftLog
@@ -889,7 +891,7 @@ class RaftNode:
         if not isinstance(cc, ConfChange) or not isinstance(cc.kind, ConfChangeKind):
             raise InvalidConfChange(f"not a ConfChange: {cc!r}")
         if self.pending_conf_index > self.log.committed or self._pending_confs:
-            raise InvalidConfChange(
+            raise ConfChangePending(
                 "a configuration change (or this leader's first entry) is still uncommitted"
             )
         result = cc.apply(self.config)  # validates; raises InvalidConfChange
@@ -929,7 +931,7 @@ class RaftNode:
         if t in self.config.learners:
             raise TransferRefused(f"{t} is a learner, not a voter")
         if self.transferee is not None:
-            raise TransferRefused(f"a transfer to {self.transferee} is in progress")
+            raise TransferInProgress(f"a transfer to {self.transferee} is in progress")
         pr = self.progress[t]
         if not pr.recent_active or pr.match < self.log.committed:
             raise TransferRefused(

@@ -597,8 +597,8 @@ class Channel:
                 log.warning("%s: basic.get body %d not readable here; returned", q.name,
                             reply.raft_index)
                 if not m.no_ack:
-                    self.node.queue_command_reliable(q.uid, ["C", qm.encode_command(qm.Return(
-                        ConsumerId(self.ref, DEQUEUE_TAG), (reply.msg_id,)))])
+                    self.node.queue_command_reliable(q.uid, qm.Return(
+                        ConsumerId(self.ref, DEQUEUE_TAG), (reply.msg_id,)))
                 self.send(C.Basic.GetEmpty())
                 return
             msg = found
@@ -646,7 +646,7 @@ class Channel:
         self.unacked.clear()
         for (uid, cid), (_q, ids) in groups.items():
             self.node.queue_command_reliable(
-                uid, ["C", qm.encode_command(qm.Return(cid, tuple(ids)))],
+                uid, qm.Return(cid, tuple(ids)),
                 lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     def confirm_select(self, m: C.Confirm.Select) -> None:
@@ -861,7 +861,7 @@ class Channel:
         settles, self._settles = self._settles, {}
         for (uid, cid), (_q, ids) in settles.items():
             self.node.queue_command_reliable(
-                uid, ["S", cid.channel, cid.tag, ids],
+                uid, qm.Settle(cid, tuple(ids)),
                 lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     def _take(self, tag: int, multiple: bool, m: Any) -> list[Unacked]:
@@ -906,8 +906,7 @@ class Channel:
         for (uid, cid), (_q, ids) in groups.items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
             self.node.queue_command_reliable(
-                uid, ["C", qm.encode_command(cmd)],
-                lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
+                uid, cmd, lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     # ------------------------------------------------------------ management views
     @property
@@ -976,8 +975,8 @@ class Channel:
         self.consumers.clear()
         for uid in list(self.touched):
             per_tag = delivered.get(uid, {})
-            down = ["C", qm.encode_command(qm.ChannelDown(self.ref, delivered=tuple(
-                (tag, tuple(sorted(ids))) for tag, ids in sorted(per_tag.items()))))]
+            down = qm.ChannelDown(self.ref, delivered=tuple(
+                (tag, tuple(sorted(ids))) for tag, ids in sorted(per_tag.items())))
             # Reliable: until applied, the channel's messages stay checked out.
             self.node.queue_command_reliable(uid, down)
             q = self.node.live_queue(uid)

@@ -7,7 +7,7 @@ auto-delete. Instead of a Raft group it keeps a node-local log in the node's
 storage (group id `classic:<vhost>/<name>/<created_at>`, see
 docs/STORAGE.md), with the quorum queues' entry format: each entry is
 msgpack `[timestamp_ms, payload]`, the payloads of runtime/queues.py
-(`["E", ...]`, `["S", ...]`, `["C", ...]`), term always 1.
+(`runtime/wire.py`), term always 1.
 
 Every command that changes the queue is appended to that log and applied to
 the queue machine, in log order, once the WAL's group commit reports it
@@ -47,6 +47,7 @@ from broker.queue import effects as qe
 from broker.queue.machine import SIZE_MASK, rec_index
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, Meta
 
+from . import wire
 from .errors import QueueGone
 from .queues import Host, Message, QueueProcess, live_indexes
 
@@ -56,7 +57,6 @@ log = logging.getLogger("broker.classic")
 TERM = 1
 #: How often dead channels' consumers are removed (seconds).
 REAP_INTERVAL_S = 2.0
-_PLAIN = frozenset({"E", "S"})
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 
@@ -215,7 +215,7 @@ class DurableClassicQueue(QueueProcess):
     def _apply_logged(self, index: int, ts: int, payload: list[Any]) -> Any:
         """Apply one durable entry (live or replayed). A machine error is the
         command's reply failure, the same in both (the machine is deterministic)."""
-        if payload[0] == "E" and not is_persistent(payload[6]):
+        if wire.is_enqueue(payload) and not is_persistent(wire.enqueue_properties(payload)):
             self._transient.add(index)
         self.applied_since_snapshot += 1
         return self._apply_payload(index, TERM, ts, payload)
@@ -256,7 +256,7 @@ class DurableClassicQueue(QueueProcess):
         fut: asyncio.Future[Any] = self._loop.create_future()
         ts = int(time.time() * 1000)
         data = msgpack.packb([ts, payload], use_bin_type=True)
-        if payload[0] not in _PLAIN:
+        if not wire.is_plain(payload):
             # apply exactly what a replay decodes
             payload = msgpack.unpackb(data, raw=False, strict_map_key=False)[1]
         for attempt in (0, 1):
@@ -329,7 +329,7 @@ class DurableClassicQueue(QueueProcess):
     def _fail(payload: list[Any], fut: asyncio.Future[Any], exc: BaseException) -> None:
         if fut.done():
             return
-        if payload[0] == "E":
+        if wire.is_enqueue(payload):
             fut.set_result(qm.EnqueueResult.REJECTED)  # never confirmed: nack
         else:
             fut.set_exception(exc)

@@ -32,6 +32,7 @@ from typing import Any
 from broker import queue as qm
 
 from . import raft_wire
+from .errors import Refused
 from .raft_group import ProposalReplaced, ProposalUnknown
 from .transport import PeerTransport
 
@@ -51,7 +52,7 @@ def parse_seed(seed: str) -> tuple[str, str, int]:
 # ---------------------------------------------------------------- reply codec
 _REPLY_TYPES: dict[str, type] = {
     t.__name__: t for t in (qm.Dequeued, qm.DequeueEmpty, qm.DequeueRefused, qm.CheckoutOk,
-                            qm.CreditReply, qm.Purged, qm.NotFound, qm.OutOfOrder)
+                            qm.CreditReply, qm.Purged, qm.NotFound, qm.OutOfOrder, Refused)
 }
 
 

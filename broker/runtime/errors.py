@@ -5,6 +5,8 @@ and the AMQP channel translate them into HTTP statuses and reply codes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class QueueGone(Exception):
     """The queue a command was meant for no longer exists (deleted, or
@@ -12,4 +14,15 @@ class QueueGone(Exception):
     Final: callers fail (nack) instead of re-sending."""
 
 
-__all__ = ["QueueGone"]
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A queue leader's final "no" to a membership control request (the
+    change itself is not allowed: unknown node, last voter, lagging peer...).
+    A reply value, not an exception: it travels back to a forwarding node as
+    one (cluster reply codec). Transient refusals (a change or transfer still
+    in progress) are retried instead, never answered with this."""
+
+    reason: str
+
+
+__all__ = ["QueueGone", "Refused"]

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from broker import metadata as md
 
+from .errors import Refused
+
 if TYPE_CHECKING:
     from .node import Node
 
@@ -99,8 +101,8 @@ class Membership:
             raise MembershipError(400, f"node '{node_name}' is already a member of queue '{queue}' "
                                        f"in vhost '{vhost}'")
         result = await self._leader_call(vhost, queue, ["M", "add", node_name])
-        if isinstance(result, str) and result.startswith("error:"):
-            raise MembershipError(400, result[6:].strip())
+        if isinstance(result, Refused):
+            raise MembershipError(400, result.reason)
         await self._set_members(r, (*r.members, node_name))
         await self._await_voter(vhost, queue, node_name)
 
@@ -131,8 +133,8 @@ class Membership:
                                        f"vhost '{vhost}' without an online quorum "
                                        f"({len(online)} of {len(remaining)} online); use force")
         result = await self._leader_call(vhost, queue, ["M", "remove", node_name])
-        if isinstance(result, str) and result.startswith("error:"):
-            raise MembershipError(400, result[6:].strip())
+        if isinstance(result, Refused):
+            raise MembershipError(400, result.reason)
         await self._set_members(r, tuple(remaining))
 
     async def transfer_leader(self, vhost: str, queue: str, target: str) -> None:
@@ -142,8 +144,8 @@ class Membership:
         if self.node.queue_leader(vhost, queue) == target:
             return
         result = await self._leader_call(vhost, queue, ["M", "transfer", target])
-        if isinstance(result, str) and result.startswith("error:"):
-            raise MembershipError(409, result[6:].strip())
+        if isinstance(result, Refused):
+            raise MembershipError(409, result.reason)
         deadline = time.monotonic() + 10
         while self.node.queue_leader(vhost, queue) != target:
             if time.monotonic() > deadline:
@@ -355,7 +357,15 @@ class Membership:
 def control(q: Any, payload: list[Any]) -> Any:
     """Run a membership control payload on the leader's queue process; the
     result is msgpack-friendly. Called by Node.submit_as_leader."""
-    from broker.raft import ConfChange, ConfChangeKind, NodeId, RaftError
+    from broker.raft import (
+        ConfChange,
+        ConfChangeKind,
+        ConfChangePending,
+        NodeId,
+        ProposalDropped,
+        RaftError,
+        TransferInProgress,
+    )
 
     op = payload[1]
     g = q.group
@@ -381,7 +391,7 @@ def control(q: Any, payload: list[Any]) -> Any:
             return "ok"
         kind = {"add": ConfChangeKind.ADD_LEARNER, "remove": ConfChangeKind.REMOVE}[op]
         return g.propose_conf(ConfChange(kind, NodeId(payload[2])))
+    except (ConfChangePending, TransferInProgress, ProposalDropped) as exc:
+        raise RuntimeError(str(exc)) from None  # transient: the caller retries
     except RaftError as exc:
-        if "uncommitted" in str(exc) or "in progress" in str(exc):
-            raise RuntimeError(str(exc)) from None  # transient: the caller retries
-        return f"error: {exc}"
+        return Refused(str(exc))

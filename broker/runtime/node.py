@@ -31,6 +31,7 @@ from broker.amqp.connection import ServerConfig
 from broker.common.config import Config, ConfigError, load_config
 from broker.raft import RaftConfig
 
+from . import wire
 from .amqp_server import AmqpConnection, reply_detail
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
@@ -864,7 +865,7 @@ class Node:
             return
         # through the same re-send-until-applied path as settles: a policy
         # change lost with a leader change would otherwise never apply
-        self.queue_command_reliable(q.uid, ["C", qm.encode_command(qm.UpdateConfig(config))])
+        self.queue_command_reliable(q.uid, qm.UpdateConfig(config))
 
     # ------------------------------------------------------------ declarations
     def server_queue_name(self) -> str:
@@ -1036,12 +1037,14 @@ class Node:
                 raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
                                         f"{exc}") from None
 
-    def queue_command_reliable(self, uid: QueueUid, payload: list[Any],
+    def queue_command_reliable(self, uid: QueueUid, cmd: qm.Command,
                                on_applied: Any = None) -> None:
         """Submit an idempotent command (settle, return, discard, channel down)
         until it is applied or the queue is gone: a leader change, a replaced
         entry or a lost connection re-sends it. `on_applied()` runs once it is
         applied (not when the queue is gone)."""
+        payload = (wire.settle_payload(cmd.consumer, cmd.msg_ids) if isinstance(cmd, qm.Settle)
+                   else wire.command_payload(cmd))
         _ReliableCommand(self, uid, payload, on_applied).submit()
 
     # ------------------------------------------------------------ dead lettering

@@ -36,6 +36,7 @@ from typing import Any
 
 from broker import queue as qm
 
+from . import wire
 from .errors import QueueGone
 
 log = logging.getLogger("broker.publish")
@@ -85,8 +86,8 @@ class PublisherSession:
                 done: Done) -> None:
         seq = self.next_seq
         self.next_seq = seq + 1
-        payload = ["E", self.publisher, seq, size, priority, expiration_ms, props_raw, body,
-                   exchange, routing_key]
+        payload = wire.enqueue_payload(self.publisher, seq, props_raw, body, exchange, routing_key,
+                                       priority, expiration_ms, size)
         self.pending[seq] = (payload, done)
         if not self._resync_scheduled:
             self._send(seq, payload)
@@ -189,7 +190,7 @@ class PublisherSession:
         self.publisher = f"{self._base}~{self.epoch}"
         renumbered: dict[int, tuple[list[Any], Done]] = {}
         for n, (payload, done) in enumerate(self.pending.values(), start=1):
-            renumbered[n] = ([payload[0], self.publisher, n, *payload[3:]], done)
+            renumbered[n] = (wire.renumbered(payload, self.publisher, n), done)
         self.pending = renumbered
         self.next_seq = len(renumbered) + 1
 

@@ -7,12 +7,8 @@ node-local classic queue), and interprets the machine's effects: deliveries
 to local consumers (bodies read from this node's copy of the log), timers,
 dead-letter publishes, queue expiry, log release.
 
-Log entry payloads (inside RaftGroup's `[timestamp, payload]`):
-  enqueue: ["E", publisher, seq, size, priority, expiration_ms,
-            properties_raw, body, exchange, routing_key]
-  settle:  ["S", channel_ref, consumer_tag, [msg_ids]]
-  other:   ["C", encode_command(cmd)]
-The enqueue entry *is* the message: deliveries read it back by raft index.
+Log entry payloads: see `runtime/wire.py` (their one owner). The enqueue
+entry *is* the message: deliveries read it back by raft index.
 """
 from __future__ import annotations
 
@@ -126,30 +122,24 @@ class QueueProcess:
     def enqueue(self, publisher: ChannelRef | None, seq: int, props_raw: bytes, body: bytes,
                 exchange: str, routing_key: str, priority: int | None,
                 expiration_ms: int | None) -> asyncio.Future[Any]:
-        return self._submit(["E", publisher, seq, len(body), priority, expiration_ms,
-                             props_raw, body, exchange, routing_key])
+        return self._submit(wire.enqueue_payload(publisher, seq, props_raw, body, exchange,
+                                                 routing_key, priority, expiration_ms))
 
     def settle(self, consumer: ConsumerId, msg_ids: list[int]) -> asyncio.Future[Any]:
-        return self._submit(["S", consumer.channel, consumer.tag, msg_ids])
+        return self._submit(wire.settle_payload(consumer, msg_ids))
 
     def command(self, cmd: qm.Command) -> asyncio.Future[Any]:
-        return self._submit(["C", qm.encode_command(cmd)])
+        return self._submit(wire.command_payload(cmd))
 
     # ---------------------------------------------------------------- applying
     def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
-        tag = payload[0]
-        if tag == "E":
-            _, publisher, seq, size, priority, expiration, props, body, exchange, rk = payload
-            cmd: qm.Command = qm.Enqueue(publisher, seq, size, priority, expiration)
-            self._remember(index, (props, body, exchange, rk))
-        elif tag == "S":
-            cmd = qm.Settle(ConsumerId(ChannelRef(payload[1]), payload[2]), tuple(payload[3]))
-        else:
-            cmd = qm.decode_command(payload[1])
+        cmd, msg = wire.queue_command(payload)
+        if msg is not None:
+            self._remember(index, msg)
         self.state, reply, effects = qm.apply(Meta(index, term, ts), cmd, self.state)
         if effects:
             self._run_effects(effects)
-        if tag == "C" and self._expiry_timer is None:
+        if msg is None and self._expiry_timer is None and wire.is_command(payload):
             self._arm_expiry()  # a policy may have brought x-expires
         return reply
 
@@ -442,7 +432,7 @@ class QuorumQueue(QueueProcess):
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         if self.group.role is Role.LEADER:
             self.host.flush_forwarded(self.vhost, self.name)  # keep publish order
-            return self.group.propose(payload)
+            return self.group.propose(payload, wire.is_plain(payload))
         return self.host.forward(self.host.queue_leader(self.vhost, self.name) or "", self.vhost,
                                  self.name, payload)
 
@@ -481,10 +471,7 @@ class QuorumQueue(QueueProcess):
         held = self._snap_bodies.get(index)
         if held is not None:
             return held
-        entries = self.glog.entries(index, index + 1)
-        _ts, payload = wire.unpack(entries[0].data)
-        _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
-        return (props, body, exchange, rk)
+        return wire.queue_message(self.glog.entries(index, index + 1)[0].data)
 
 
     def _release(self, eff: qe.ReleaseCursor) -> None:
@@ -615,7 +602,7 @@ class QuorumQueue(QueueProcess):
             # a purge frees most of the log at once: snapshot (release, compact) now
             sli = self.state.smallest_live_index()
             self._take_snapshot(index, index + 1 if sli is None else sli)
-        if payload[0] == "C" and (self._dlx is not None or self.state.config.at_least_once):
+        if wire.is_command(payload) and (self._dlx is not None or self.state.config.at_least_once):
             self._sync_dlx_worker()  # a policy may have changed the strategy
         return reply
 

@@ -185,10 +185,6 @@ def _hs_covers(durable: st.HardState, hs: st.HardState) -> bool:
     return durable.voted_for == hs.voted_for and durable.commit >= hs.commit
 
 
-#: payload tags (see runtime/queues.py) whose fields are all msgpack scalars:
-#: ["E", publisher, seq, size, priority, expiration, props, body, exchange, key]
-#: and ["S", channel, tag, [msg ids]] (the list is read with tuple()).
-_PLAIN_PAYLOADS = frozenset({"E", "S"})
 
 
 class ProposalFailed(Exception):
@@ -278,9 +274,11 @@ class RaftGroup:
     def is_leader(self) -> bool:
         return self.role is Role.LEADER
 
-    def propose(self, payload: Any) -> asyncio.Future[Any]:
+    def propose(self, payload: Any, plain: bool = False) -> asyncio.Future[Any]:
         """Propose a command; the future gets the machine's reply once applied.
-        Raises NotLeader(leader) at once on a follower."""
+        Raises NotLeader(leader) at once on a follower. `plain`: the payload
+        is made of msgpack scalars only, so this leader may apply it without
+        decoding it again (it applies exactly what followers decode)."""
         if self.stopped is not None:
             raise ProposalFailed(f"group {self.group_id} stopped: {self.stopped}")
         ts = self._clock_ms()
@@ -289,10 +287,7 @@ class RaftGroup:
         fut: asyncio.Future[Any] = self._loop.create_future()
         term = self.node.term
         self._add_waiter(index, term, fut)
-        if type(payload) is list and payload and payload[0] in _PLAIN_PAYLOADS:
-            # Hot path: apply the leader's own proposal without decoding it
-            # again. Only for payloads made of scalars, so the leader applies
-            # exactly what followers decode.
+        if plain:  # hot path: no decode of the leader's own proposal
             self._proposed[index] = (term, ts, payload)
         self._kick()
         return fut

@@ -1,4 +1,17 @@
-"""Log-entry payload codecs used by the runtime.
+"""Log-entry payload codecs used by the runtime: metadata commands, and the
+queue entry format (this module is its one owner; nothing else builds or
+takes apart a queue payload).
+
+Queue log entries (a quorum queue's Raft entries, a durable classic queue's
+node-local log) are msgpack ``[timestamp_ms, payload]``; the payload is one of
+  enqueue: ["E", publisher, seq, size, priority, expiration_ms,
+            properties_raw, body, exchange, routing_key]
+  settle:  ["S", channel_ref, consumer_tag, [msg_ids]]
+  other:   ["C", encode_command(cmd)]
+The enqueue entry *is* the message: deliveries read it back by index
+(`queue_message`). Enqueue and settle payloads hold only msgpack scalars
+(`is_plain`): a proposer may apply its own payload without decoding it again,
+and applies exactly what a replica decodes.
 
 Where it sits: between the pure machines' command dataclasses and the bytes
 Raft replicates. Metadata commands are frozen dataclasses holding strings,
@@ -17,8 +30,10 @@ from typing import Any
 import msgpack
 
 from broker import metadata as md
+from broker import queue as qm
 from broker.metadata import commands as mdc
 from broker.metadata.snapshot import decode_value, encode_value
+from broker.queue.types import ChannelRef, ConsumerId
 
 _EXT_DECIMAL = 1
 _EXT_DATETIME = 2
@@ -66,3 +81,73 @@ def decode_meta_command(raw: list[Any]) -> Any:
     cls = _META_COMMANDS[name]
     names = [f.name for f in fields(cls)]
     return cls(**{n: decode_value(v) for n, v in zip(names, values, strict=True)})
+
+
+# ---------------------------------------------------------------- queue entries
+ENQUEUE, SETTLE, COMMAND = "E", "S", "C"
+_PLAIN = frozenset({ENQUEUE, SETTLE})
+
+#: (properties_raw, body, exchange, routing_key): what an enqueue entry holds
+QueueMessage = tuple[bytes, bytes, str, str]
+
+
+def enqueue_payload(publisher: Any, seq: int, props_raw: bytes, body: bytes, exchange: str,
+                    routing_key: str, priority: int | None, expiration_ms: int | None,
+                    size: int | None = None) -> list[Any]:
+    """An enqueue: the machine's Enqueue fields, then the message itself."""
+    return [ENQUEUE, publisher, seq, len(body) if size is None else size, priority,
+            expiration_ms, props_raw, body, exchange, routing_key]
+
+
+def renumbered(payload: list[Any], publisher: str, seq: int) -> list[Any]:
+    """The same enqueue under another publisher identity and number."""
+    return [payload[0], publisher, seq, *payload[3:]]
+
+
+def settle_payload(consumer: ConsumerId, msg_ids: list[int] | tuple[int, ...]) -> list[Any]:
+    return [SETTLE, consumer.channel, consumer.tag, list(msg_ids)]
+
+
+def command_payload(cmd: qm.Command) -> list[Any]:
+    return [COMMAND, qm.encode_command(cmd)]
+
+
+def is_enqueue(payload: list[Any]) -> bool:
+    return bool(payload) and payload[0] == ENQUEUE
+
+
+def is_command(payload: list[Any]) -> bool:
+    return bool(payload) and payload[0] == COMMAND
+
+
+def is_plain(payload: Any) -> bool:
+    """Made of msgpack scalars only (enqueue, settle): see the module doc."""
+    return type(payload) is list and bool(payload) and payload[0] in _PLAIN
+
+
+def enqueue_properties(payload: list[Any]) -> bytes:
+    """The raw content properties of an enqueue payload."""
+    props: bytes = payload[6]
+    return props
+
+
+def queue_command(payload: list[Any]) -> tuple[qm.Command, QueueMessage | None]:
+    """The machine command a payload carries, and the message for an enqueue."""
+    tag = payload[0]
+    if tag == ENQUEUE:
+        _, publisher, seq, size, priority, expiration, props, body, exchange, rk = payload
+        return qm.Enqueue(publisher, seq, size, priority, expiration), (props, body, exchange, rk)
+    if tag == SETTLE:
+        return qm.Settle(ConsumerId(ChannelRef(payload[1]), payload[2]), tuple(payload[3])), None
+    if tag == COMMAND:
+        return qm.decode_command(payload[1]), None
+    raise ValueError(f"not a queue payload: {tag!r}")
+
+
+def queue_message(entry_data: bytes) -> QueueMessage:
+    """The message an enqueue entry (stored `[timestamp, payload]`) holds."""
+    _ts, payload = unpack(entry_data)
+    if not is_enqueue(payload):
+        raise ValueError(f"entry is not an enqueue: {payload[:1]!r}")
+    _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
+    return (props, body, exchange, rk)
