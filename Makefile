@@ -47,7 +47,8 @@ chaos: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker tests bench
-	$(VENV)/bin/mypy broker/raft
+	$(VENV)/bin/mypy broker/raft broker/queue broker/storage broker/metadata broker/amqp broker/common
+	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data
 # directory plus each node's management API (docs/AUDIT.md).

@@ -8,6 +8,8 @@ functions or `if TYPE_CHECKING:` blocks.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,27 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     assert any("imports time" in p for p in problems)
     assert any("I/O shell broker.runtime" in p for p in problems)
     assert any("calls open()" in p for p in problems)
+
+
+def _lint_imports(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run([str(exe), "--no-cache", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_import_contracts_hold() -> None:
+    """import-linter's contracts in pyproject.toml (`make lint` runs them too)."""
+    r = _lint_imports()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0 broken" in r.stdout
+
+
+def test_import_linter_catches_a_broken_contract(tmp_path: Path) -> None:
+    cfg = tmp_path / "contracts.toml"
+    cfg.write_text(
+        '[tool.importlinter]\nroot_package = "broker"\n\n'
+        '[[tool.importlinter.contracts]]\nname = "the runtime does not use the queue machine"\n'
+        'type = "forbidden"\nsource_modules = ["broker.runtime"]\n'
+        'forbidden_modules = ["broker.queue"]\n')
+    r = _lint_imports("--config", str(cfg))
+    assert r.returncode != 0 and "BROKEN" in r.stdout.upper(), r.stdout + r.stderr
