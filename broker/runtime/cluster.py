@@ -10,14 +10,7 @@ is RabbitMQ-style `prefix@host` (`rabbit@qq-0.qq-headless:25672`,
 `rabbit-2@localhost:25673`). Every node is configured with the same list; the
 list (plus this node) is the initial membership of the metadata group.
 
-Peer messages (msgpack arrays):
-    ["h", incarnation]                           hello, sent on every (re)connect
-    ["r", raft message]                          one Raft message (its group inside)
-    ["q", req_id, vhost, queue, payload]         queue command for the leader
-    ["a", req_id, status, reply]                 its reply ("ok"|"not_leader"|"error")
-    ["d", vhost, queue, channel, tag, [deliveries], {index: message}]
-    ["i", call_id, op, args]                     a node-local question (Node.serve_call)
-    ["o", call_id, ok, value]                    its answer (or the error's text)
+Peer messages: tagged dataclasses with one codec, `runtime/peer_wire.py`.
 """
 from __future__ import annotations
 
@@ -31,6 +24,7 @@ from typing import Any
 
 from broker import queue as qm
 
+from . import peer_wire as pw
 from . import raft_wire
 from .errors import Refused
 from .raft_group import ProposalReplaced, ProposalUnknown
@@ -174,10 +168,13 @@ class Cluster:
         self.incarnations.pop(name, None)
         self._hints = {k: h for k, h in self._hints.items() if h[0] != name}
 
+    def send_to(self, peer: str, msg: pw.PeerMessage) -> None:
+        self.transport.send(peer, pw.encode(msg))
+
     def send_join(self, host: str, port: int) -> None:
         """Ask every seed to let this node into the cluster (see Node.handle_join)."""
         for peer in self.peers:
-            self.transport.send(peer, ["j", self.name, host, port])
+            self.transport.send(peer, pw.encode(pw.Join(self.name, host, port)))
 
     def connected(self, peer: str) -> bool:
         return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
@@ -185,7 +182,7 @@ class Cluster:
     # ------------------------------------------------------------ sending
     def send_raft(self, dst: str, msg: Any) -> None:
         if dst in self.peers:
-            self.transport.send(dst, ["r", raft_wire.encode_message(msg)])
+            self.transport.send(dst, pw.encode(pw.RaftMessage(raft_wire.encode_message(msg))))
 
     def request(self, target: str, vhost: str, queue: str, payload: Any) -> asyncio.Future[Any]:
         """Send a queue command to `target` (the queue's leader); the future gets
@@ -221,7 +218,8 @@ class Cluster:
     def _send_request(self, req: _Request, gen: int) -> None:
         req.sent_at = time.monotonic()
         req.gen = gen
-        self.transport.send(req.target, ["q", req.req_id, req.vhost, req.queue, req.payload])
+        self.transport.send(req.target, pw.encode(pw.QueueRequest(req.req_id, req.vhost, req.queue,
+                                                                   req.payload)))
 
     def _resync(self, key: tuple[str, str]) -> None:
         """(Re)send every pending request of a queue, in order, to its current
@@ -250,7 +248,7 @@ class Cluster:
         the node must send again (deliveries lost with the old one)."""
         if self.on_reconnect is not None:
             asyncio.get_running_loop().call_soon(self.on_reconnect, peer)
-        return ["h", self.node.incarnation]
+        return pw.encode(pw.Hello(self.node.incarnation))
 
     def _leader_for(self, key: tuple[str, str]) -> str | None:
         """Where a queue's requests go: this node's view (its member's leader,
@@ -322,68 +320,73 @@ class Cluster:
         try:
             if peer not in self.peers or not self.transport.is_connected(peer):
                 raise ConnectionError(f"node {peer} is not connected")
-            self.transport.send(peer, ["i", call_id, op, args])
+            self.transport.send(peer, pw.encode(pw.Call(call_id, op, args)))
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._calls.pop(call_id, None)
 
-    def _serve_call(self, peer: str, call_id: int, op: str, args: Any) -> None:
+    def _serve_call(self, peer: str, call: pw.Call) -> None:
+        call_id = call.call_id
         try:
-            value, ok = self.node.serve_call(op, args), True
+            value, ok = self.node.serve_call(call.op, call.args), True
         except Exception as exc:  # noqa: BLE001 - the asker gets the text
             value, ok = f"{type(exc).__name__}: {exc}", False
-        self.transport.send(peer, ["o", call_id, ok, value])
+        self.transport.send(peer, pw.encode(pw.CallReply(call_id, ok, value)))
 
     def send_deliveries(self, node: str, vhost: str, queue: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None:
         if node in self.peers:
-            self.transport.send(node, ["d", vhost, queue, channel, tag, deliveries, bodies])
+            self.transport.send(node, pw.encode(pw.Deliveries(vhost, queue, channel, tag, deliveries,
+                                                              bodies)))
 
     # ------------------------------------------------------------ receiving
-    def _on_message(self, peer: str, m: Any) -> None:
+    def _on_message(self, peer: str, raw: Any) -> None:
         try:
-            kind = m[0]
-            if kind == "r":
-                msg = raft_wire.decode_message(m[1])
+            m = pw.decode(raw)
+            if isinstance(m, pw.RaftMessage):
+                msg = raft_wire.decode_message(m.message)
                 self.node.step_group(msg.group, msg)
-            elif kind == "q":
-                self._serve_request(peer, m[1], m[2], m[3], m[4])
-            elif kind == "a":
-                self._on_reply(m[1], m[2], m[3])
-            elif kind == "d":
-                self.node.remote_deliveries(m[1], m[2], m[3], m[4], m[5], m[6])
-            elif kind == "j":
-                self.node.handle_join(m[1], m[2], m[3])
-            elif kind == "i":
-                self._serve_call(peer, m[1], m[2], m[3])
-            elif kind == "o":
-                fut = self._calls.get(m[1])
+            elif isinstance(m, pw.Deliveries):
+                self.node.remote_deliveries(m.vhost, m.queue, m.channel, m.tag, m.deliveries, m.bodies)
+            elif isinstance(m, pw.QueueRequest):
+                self._serve_request(peer, m)
+            elif isinstance(m, pw.QueueReply):
+                self._on_reply(m.req_id, m.status, m.value)
+            elif isinstance(m, pw.Join):
+                self.node.handle_join(m.node_name, m.host, m.port)
+            elif isinstance(m, pw.Call):
+                self._serve_call(peer, m)
+            elif isinstance(m, pw.CallReply):
+                fut = self._calls.get(m.call_id)
                 if fut is not None and not fut.done():
-                    if m[2]:
-                        fut.set_result(m[3])
+                    if m.ok:
+                        fut.set_result(m.value)
                     else:
-                        fut.set_exception(RuntimeError(m[3]))
-            elif kind == "h":
+                        fut.set_exception(RuntimeError(m.value))
+            elif isinstance(m, pw.Hello):
                 # A new connection from `peer`: replies it sent us on the old
                 # one may be lost. Re-send our pending requests to it, in order
                 # (enqueues are de-duplicated, the rest is idempotent).
+                incarnation = m.incarnation
                 self._resync_target(peer)
                 old = self.incarnations.get(peer)
-                self.incarnations[peer] = m[1]
-                if old != m[1] and peer in self.peers:
+                self.incarnations[peer] = incarnation
+                if old != incarnation and peer in self.peers:
                     # answer so the peer learns ours even if it started first
                     # (a joining node not admitted yet gets ours once it is)
-                    self.transport.send(peer, ["h", self.node.incarnation])
+                    self.transport.send(peer, pw.encode(pw.Hello(self.node.incarnation)))
                     if self.on_peer_hello is not None:
-                        self.on_peer_hello(peer, m[1])
-            else:
-                log.warning("unknown peer message %r from %s", kind, peer)
+                        self.on_peer_hello(peer, incarnation)
+        except pw.PeerMessageError as exc:
+            log.warning("dropped a message from %s: %s", peer, exc)
         except Exception:
             log.exception("bad message from %s", peer)
 
-    def _serve_request(self, peer: str, req_id: int, vhost: str, queue: str, payload: Any) -> None:
+    def _serve_request(self, peer: str, req: pw.QueueRequest) -> None:
+        req_id, vhost, queue, payload = req.req_id, req.vhost, req.queue, req.payload
+
         def reply(status: str, value: Any) -> None:
-            self.transport.send(peer, ["a", req_id, status, value])
+            self.transport.send(peer, pw.encode(pw.QueueReply(req_id, status, value)))
 
         try:
             fut = self.node.submit_as_leader(vhost, queue, payload)

@@ -31,6 +31,7 @@ from broker.amqp.connection import ServerConfig
 from broker.common.config import Config, ConfigError, load_config
 from broker.raft import RaftConfig
 
+from . import peer_wire as pw
 from . import wire
 from .amqp_server import AmqpConnection, reply_detail
 from .classic import DurableClassicQueue
@@ -365,7 +366,7 @@ class Node:
         g = self.meta.group
         if not g.is_leader:
             if g.leader and g.leader != self.node_name:
-                self.cluster.transport.send(g.leader, ["j", name, host, port])
+                self.cluster.send_to(g.leader, pw.Join(name, host, port))
             return
         self.cluster.add_peer(name, host, port)
         if self._join_in_progress.get(name):
