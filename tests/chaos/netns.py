@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from tests.e2e.broker_proc import BrokerProcess
+from tests.e2e.broker_proc import BrokerProcess, start_all
 
 AMQP_PORT = 5672
 MGMT_PORT = 15672
@@ -241,20 +241,7 @@ class ChaosCluster:
             d.mkdir(parents=True, exist_ok=True)
             sh("mount", "-t", "tmpfs", "-o", f"size={self.tmpfs_mb}m", "qxchaos", str(d))
             self.mounted.append(d)
-        errors: list[BaseException] = []
-
-        def run(node: BrokerProcess) -> None:
-            try:
-                node.start(timeout=timeout)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
-        threads = [threading.Thread(target=run, args=(nd,)) for nd in self.nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        start_all(self.nodes, timeout)
 
     def mgmt_url(self, i: int) -> str:
         return f"http://{self.net.client_ip(i)}:{MGMT_PORT}"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.broker_proc import BrokerProcess, free_port
+from tests.e2e.broker_proc import BrokerProcess, free_port, start_all
 
 
 class Cluster:
@@ -26,22 +26,7 @@ class Cluster:
         ]
 
     def start(self) -> Cluster:
-        import threading
-
-        errors: list[BaseException] = []
-
-        def run(n: BrokerProcess) -> None:
-            try:
-                n.start(timeout=120)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-        threads = [threading.Thread(target=run, args=(n,)) for n in self.nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        start_all(self.nodes)
         return self
 
     def stop(self) -> None:

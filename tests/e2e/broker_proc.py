@@ -169,3 +169,24 @@ class BrokerProcess:
     def thaw(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
+
+
+def start_all(nodes: list[BrokerProcess], timeout: float = 120.0) -> None:
+    """Start brokers in parallel (a cluster forms only once a quorum of its
+    seeds is up); the first start error is raised once all have finished."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run(node: BrokerProcess) -> None:
+        try:
+            node.start(timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+    threads = [threading.Thread(target=run, args=(n,)) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -33,7 +33,7 @@ import kmock
 import pytest
 from kmock._internal import enums
 
-from tests.e2e.broker_proc import BrokerProcess, free_port
+from tests.e2e.broker_proc import BrokerProcess, free_port, start_all
 
 # The handlers read their intervals at import: fast timers for tests, set before any import.
 os.environ.setdefault("QQ_OPERATOR_RESYNC_SECONDS", "1")
@@ -271,20 +271,7 @@ class OpCluster:
                 f"cluster.secret_file = {self.secret}\n" + self._seeds(seeds) + extra))
 
     def start(self) -> OpCluster:
-        errors: list[BaseException] = []
-
-        def run(n: BrokerProcess) -> None:
-            try:
-                n.start(timeout=120)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
-        threads = [threading.Thread(target=run, args=(n,)) for n in self.nodes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        start_all(self.nodes)
         return self
 
     def add_node(self) -> BrokerProcess:

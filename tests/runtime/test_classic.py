@@ -17,6 +17,7 @@ from broker import queue as qm
 from broker import storage as st
 from broker.queue.types import ChannelRef, ConsumerId
 from broker.runtime.classic import DurableClassicQueue, group_id, is_persistent
+from tests.storage.helpers import fill_disk
 
 PERSISTENT = b"\x10\x00\x02"  # property flags: delivery_mode present; 2
 TRANSIENT = b"\x10\x00\x01"
@@ -203,17 +204,6 @@ async def test_a_failed_write_nacks_the_publish_and_changes_nothing(tmp_path: Pa
     rig.close()
 
 
-def _fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        while os.write(fd, b"\0" * 4096) > 0:
-            pass
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.root
 async def test_enospc_on_a_real_full_disk_never_confirms_and_recovers(tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
@@ -223,7 +213,7 @@ async def test_enospc_on_a_real_full_disk_never_confirms_and_recovers(tmp_path: 
         rig = Rig(mnt / "node")
         q = rig.open()
         (mnt / "filler").write_bytes(b"\0" * 1024)
-        _fill(mnt / "filler2")
+        fill_disk(mnt / "filler2")
         outcomes: dict[int, Any] = {}
         body = b"x" * 8192
         for n in range(1, 200):

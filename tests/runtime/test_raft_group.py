@@ -62,6 +62,18 @@ class Net:
                 asyncio.get_running_loop().call_soon(target.group.step, msg)
         return send
 
+    @classmethod
+    def of(cls, path: Path, names: list[str]) -> Net:
+        """Members `names`, each with its storage under path/name."""
+        net = cls()
+        for n in names:
+            net.members[n] = Member(n, path / n, names, net)
+        return net
+
+    def tick_all(self) -> None:
+        for mem in self.members.values():
+            mem.group.tick()
+
 
 async def _until(cond: Callable[[], bool], ticker: Callable[[], None] | None = None,
                  timeout: float = 20.0) -> None:
@@ -103,13 +115,8 @@ async def test_single_member_group_commits_only_after_fsync(tmp_path: Path) -> N
 
 async def test_three_members_replicate_and_survive_leader_isolation(tmp_path: Path) -> None:
     names = ["a", "b", "c"]
-    net = Net()
-    for n in names:
-        net.members[n] = Member(n, tmp_path / n, names, net)
-
-    def tick_all() -> None:
-        for mem in net.members.values():
-            mem.group.tick()
+    net = Net.of(tmp_path, names)
+    tick_all = net.tick_all
 
     try:
         await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
@@ -218,13 +225,8 @@ async def test_proposals_truncated_by_a_new_leader_fail_even_on_a_quiet_group(tm
     from broker.runtime.raft_group import ProposalReplaced
 
     names = ["a", "b", "c"]
-    net = Net()
-    for n in names:
-        net.members[n] = Member(n, tmp_path / n, names, net)
-
-    def tick_all() -> None:
-        for mem in net.members.values():
-            mem.group.tick()
+    net = Net.of(tmp_path, names)
+    tick_all = net.tick_all
 
     try:
         await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)

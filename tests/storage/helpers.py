@@ -73,3 +73,18 @@ def manager(path: Path, config: StorageConfig = TINY, durable: Durable | None = 
 def read_all(log: GroupLog) -> list[Entry]:
     first, last = log.first_index(), log.last_entry_index()
     return log.entries(first, last + 1) if last >= first else []
+
+
+def fill_disk(path: Path) -> None:
+    """Write zeros to `path` until its file system is full (ENOSPC)."""
+    import errno
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        while os.write(fd, b"\0" * 4096) > 0:
+            pass
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)

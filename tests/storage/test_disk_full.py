@@ -12,21 +12,9 @@ import pytest
 
 from broker.storage import Entry, LogManager, StorageConfig, StorageIOError
 
-from .helpers import Durable, payload, read_all
+from .helpers import Durable, fill_disk, payload, read_all
 
 CFG = StorageConfig(wal_max_size_bytes=64 << 20)
-
-
-def _fill(path: Path) -> None:
-    """Write zeros until the file system is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        while os.write(fd, b"\0" * 4096) > 0:
-            pass
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
 
 
 @pytest.mark.root
@@ -69,7 +57,7 @@ def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: 
             assert len(d.errors) == 2
         # a restart flushes the WAL into segments, which needs room: a clear error
         # (and nothing deleted) while the disk is full, success once it is grown
-        _fill(mnt / "filler2")
+        fill_disk(mnt / "filler2")
         with pytest.raises(StorageIOError) as info:
             LogManager(mnt / "node", CFG)
         assert info.value.errno == errno.ENOSPC
@@ -94,7 +82,7 @@ def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None
         with LogManager(mnt / "node", cfg, on_durable=d.on_durable, on_error=d.on_error) as m:
             log = m.open_group("a")
             filler = mnt / "filler"
-            _fill(filler)
+            fill_disk(filler)
             # room for the WAL, not for a segment file (its index alone is 128 KiB)
             os.truncate(filler, filler.stat().st_size - 64 * 1024)
             i = 0
