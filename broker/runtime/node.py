@@ -34,6 +34,7 @@ from broker.raft import RaftConfig
 from . import peer_wire as pw
 from . import wire
 from .amqp_server import AmqpConnection, reply_detail
+from .backoff import Backoff
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
 from .cluster import Cluster, NotLeaderHere
@@ -1124,14 +1125,14 @@ class _ReliableCommand:
     """One idempotent queue command re-submitted until applied (see
     Node.queue_command_reliable). Retries back off from 10 ms to 1 s."""
 
-    __slots__ = ("node", "uid", "payload", "on_applied", "delay")
+    __slots__ = ("node", "uid", "payload", "on_applied", "backoff")
 
     def __init__(self, node: Node, uid: QueueUid, payload: list[Any], on_applied: Any) -> None:
         self.node = node
         self.uid = uid
         self.payload = payload
         self.on_applied = on_applied
-        self.delay = 0.01
+        self.backoff = Backoff(0.01, 1.0)
 
     def submit(self) -> None:
         q = self.node.live_queue(self.uid)
@@ -1159,8 +1160,7 @@ class _ReliableCommand:
     def _again(self) -> None:
         if self.node.live_queue(self.uid) is None or self.node._loop is None:
             return
-        delay, self.delay = self.delay, min(self.delay * 2, 1.0)
-        self.node._loop.call_later(delay, self.submit)
+        self.node._loop.call_later(self.backoff.next(), self.submit)
 
 
 # ---------------------------------------------------------------- process entry

@@ -37,6 +37,7 @@ from typing import Any
 from broker import queue as qm
 
 from . import wire
+from .backoff import Backoff
 from .errors import QueueGone
 
 log = logging.getLogger("broker.publish")
@@ -76,7 +77,7 @@ class PublisherSession:
         self.pending: dict[int, tuple[list[Any], Done]] = {}
         self.gen = 0  # bumped by every re-send round; older non-final outcomes are stale
         self._resync_scheduled = False
-        self._backoff = 0.0
+        self._backoff = Backoff(0.01, MAX_BACKOFF_S, immediate=True)
         self.closed = False
         self.epoch = 0
 
@@ -155,7 +156,7 @@ class PublisherSession:
     def _resolve(self, seq: int, ok: bool) -> None:
         entry = self.pending.pop(seq, None)
         if entry is not None:
-            self._backoff = 0.0  # progress
+            self._backoff.reset()  # progress
             entry[1](ok)
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -169,9 +170,7 @@ class PublisherSession:
         if self.closed or gen != self.gen or self._resync_scheduled or not self.pending:
             return
         self._resync_scheduled = True
-        delay = self._backoff
-        self._backoff = min(max(self._backoff * 2, 0.01), MAX_BACKOFF_S)
-        self._later(delay, self._resync)
+        self._later(self._backoff.next(), self._resync)
 
     def _resync(self) -> None:
         self._resync_scheduled = False
