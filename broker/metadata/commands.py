@@ -261,9 +261,14 @@ class SetQueueMembers:
 
 @dataclass(frozen=True, slots=True)
 class SetQueueLeader:
+    """The queue's Raft group elected `leader` in Raft term `term` (0: not
+    known). A record of a later term is never overwritten by an earlier one
+    (two leaders of successive terms may report in either order)."""
+
     vhost: VhostName
     name: QueueName
     leader: NodeName | None
+    term: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -692,9 +692,14 @@ def _set_leader(meta: CommandMeta, cmd: SetQueueLeader, state: MetadataState) ->
             PRECONDITION_FAILED,
             f"node '{cmd.leader}' is not a member of {rs('queue', cmd.name, cmd.vhost)}",
         ), []
+    if cmd.term and cmd.term < q.leader_term:
+        return Ok(), []  # a report of an earlier election arriving late
+    term = max(cmd.term, q.leader_term)
     if cmd.leader == q.leader:
+        if term != q.leader_term:
+            _replace_queue(state, q, leader_term=term)
         return Ok(), []
-    _replace_queue(state, q, leader=cmd.leader)
+    _replace_queue(state, q, leader=cmd.leader, leader_term=term)
     return Ok(), [LeaderChanged(q.vhost, q.name, cmd.leader)]
 
 

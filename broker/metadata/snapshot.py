@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import decimal
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
 import msgpack
@@ -64,10 +64,13 @@ def _rec(r: Any) -> list[Any]:
 
 
 def _unrec(cls: type, raw: list[Any]) -> Any:
-    names = [f.name for f in fields(cls)]
-    if len(raw) != len(names):
-        raise SnapshotError(f"{cls.__name__}: expected {len(names)} fields, got {len(raw)}")
-    return cls(**{n: decode_value(x) for n, x in zip(names, raw, strict=True)})
+    """A record from its field values; trailing fields added since the
+    snapshot was written take their defaults."""
+    fs = fields(cls)
+    required = sum(1 for f in fs if f.default is MISSING and f.default_factory is MISSING)
+    if not required <= len(raw) <= len(fs):
+        raise SnapshotError(f"{cls.__name__}: expected {len(fs)} fields, got {len(raw)}")
+    return cls(**{f.name: decode_value(x) for f, x in zip(fs, raw, strict=False)})
 
 
 def _default_hook(obj: Any) -> Any:

@@ -131,6 +131,7 @@ class QueueRecord:
     created_at: int  # ms, leader's timestamp of the declaring log entry
     status: QueueStatus = "running"
     server_named: bool = False
+    leader_term: int = 0  # Raft term in which `leader` was elected (0: not known)
 
 
 @dataclass(frozen=True, slots=True)

@@ -622,11 +622,13 @@ class Node:
                 answers.append(r)
         return answers
 
-    def leader_elected(self, vhost: str, name: str) -> None:
+    def leader_elected(self, vhost: str, name: str, term: int) -> None:
+        """Record this node as the queue's leader, elected in `term` (the
+        metadata keeps the latest term's leader whatever order reports land in)."""
         r = self.queue_record(vhost, name)
-        if r is not None and r.leader != self.node_name:
-            fut = asyncio.ensure_future(self.meta.execute(
-                md.SetQueueLeader(md.VhostName(vhost), md.QueueName(name), md.NodeName(self.node_name))))
+        if r is not None and (r.leader != self.node_name or r.leader_term < term):
+            fut = asyncio.ensure_future(self.meta.execute(md.SetQueueLeader(
+                md.VhostName(vhost), md.QueueName(name), md.NodeName(self.node_name), term)))
             fut.add_done_callback(_log_failure)
 
     # ------------------------------------------------------------ metadata

@@ -65,7 +65,7 @@ class Host(Protocol):
     def send_deliveries(self, node: str, vhost: str, name: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None: ...
 
-    def leader_elected(self, vhost: str, name: str) -> None: ...
+    def leader_elected(self, vhost: str, name: str, term: int) -> None: ...
 
     def flush_forwarded(self, vhost: str, name: str) -> None: ...
 
@@ -639,7 +639,7 @@ class QuorumQueue(QueueProcess):
         self._sync_dlx_worker()
         if self.state.timer_at is not None:
             self._set_timer(0)
-        self.host.leader_elected(self.vhost, self.name)
+        self.host.leader_elected(self.vhost, self.name, self.group.node.term)
 
     def reap_dead_channels(self) -> None:
         """Channels gone for good (their node restarted, or closed here) stop

@@ -77,10 +77,14 @@ def encode_meta_command(cmd: Any) -> list[Any]:
 
 
 def decode_meta_command(raw: list[Any]) -> Any:
+    """A metadata command from its log entry; fields added since the entry was
+    written (trailing, with defaults) take their defaults."""
     name, values = raw
     cls = _META_COMMANDS[name]
     names = [f.name for f in fields(cls)]
-    return cls(**{n: decode_value(v) for n, v in zip(names, values, strict=True)})
+    if len(values) > len(names):
+        raise ValueError(f"{name}: {len(names)} fields expected, got {len(values)}")
+    return cls(**{n: decode_value(v) for n, v in zip(names, values, strict=False)})
 
 
 # ---------------------------------------------------------------- queue entries

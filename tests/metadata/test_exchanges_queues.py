@@ -340,6 +340,26 @@ def test_members_and_leader() -> None:
         DeclareQueue("/", "x", members=("a",), leader="b")
 
 
+def test_a_late_report_of_an_earlier_election_never_overwrites_a_later_one() -> None:
+    """Leaders of successive terms report themselves asynchronously: the
+    record keeps the latest term's leader whatever order the reports land in."""
+    d = Driver()
+    d.ok(Q("qq", arguments=QQ))
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n2", "n3")))
+    d.ok(SetQueueLeader("/", "qq", "n3", 7))
+    assert d.state.queues[("/", "qq")].leader == "n3"
+    d.ok(SetQueueLeader("/", "qq", "n2", 5))  # elected earlier, reported later
+    assert d.effects == []
+    record = d.state.queues[("/", "qq")]
+    assert (record.leader, record.leader_term) == ("n3", 7)
+    d.ok(SetQueueLeader("/", "qq", "n2", 8))
+    assert d.effects == [LeaderChanged("/", "qq", "n2")]
+    d.ok(SetQueueLeader("/", "qq", "n2", 9))  # re-elected: the term moves, no change
+    assert d.effects == [] and d.state.queues[("/", "qq")].leader_term == 9
+    d.ok(SetQueueLeader("/", "qq", "n1"))  # term unknown (0): applied as before
+    assert d.state.queues[("/", "qq")].leader == "n1"
+
+
 def test_bootstrap_and_vhosts() -> None:
     d = Driver(new_state())
     assert d.state.vhosts == {}

@@ -99,6 +99,24 @@ def test_roundtrip_keeps_types() -> None:
     assert isinstance(dict(r.arguments)["b"], bytes) and isinstance(dict(r.arguments)["s"], str)
 
 
+def test_a_snapshot_written_before_a_record_field_was_added_still_reads() -> None:
+    """Records gained trailing fields with defaults (QueueRecord.leader_term):
+    a snapshot without them reads with the defaults; a record with too many
+    or too few fields is refused."""
+    import msgpack
+
+    d = Driver()
+    d.ok(DeclareQueue("/", "q", members=("n1",)))
+    doc = msgpack.unpackb(to_bytes(d.state), raw=False, strict_map_key=False)
+    doc["queues"] = [raw[:-1] for raw in doc["queues"]]  # as written before leader_term
+    old = from_bytes(msgpack.packb(doc, use_bin_type=True))
+    assert old.queues[("/", "q")] == d.state.queues[("/", "q")]
+    assert old.queues[("/", "q")].leader_term == 0
+    doc["queues"] = [[*raw, 0, "extra"] for raw in doc["queues"]]
+    with pytest.raises(SnapshotError, match="QueueRecord: expected"):
+        from_bytes(msgpack.packb(doc, use_bin_type=True))
+
+
 def test_decimal_and_injected_hooks() -> None:
     import decimal
 

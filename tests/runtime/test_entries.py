@@ -61,3 +61,14 @@ def test_anything_else_is_refused_by_name() -> None:
         wire.queue_command(["M", "status"])
     with pytest.raises(ValueError, match="not an enqueue"):
         wire.queue_message(msgpack.packb([1, wire.settle_payload(CID, (1,))], use_bin_type=True))
+
+
+def test_a_metadata_entry_written_before_a_field_was_added_still_decodes() -> None:
+    from broker import metadata as md
+
+    cmd = md.SetQueueLeader(md.VhostName("/"), md.QueueName("q"), md.NodeName("n1"), 4)
+    assert wire.decode_meta_command(wire.encode_meta_command(cmd)) == cmd
+    old = wire.decode_meta_command(["SetQueueLeader", ["/", "q", "n1"]])  # before `term`
+    assert old == md.SetQueueLeader(md.VhostName("/"), md.QueueName("q"), md.NodeName("n1"), 0)
+    with pytest.raises(ValueError, match="SetQueueLeader: 4 fields expected, got 5"):
+        wire.decode_meta_command(["SetQueueLeader", ["/", "q", "n1", 4, "extra"]])
