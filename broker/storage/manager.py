@@ -273,6 +273,10 @@ class GroupLog:
         self._mem_first = 0
         self._marks: list[_Mark] = []
         self._snapshot = snapshot
+        # release(): entries below this are not needed (below the snapshot and
+        # the smallest live index); segment files written later (a flush of
+        # the memory table) that hold only such entries are dropped too
+        self._release_bound = 0
         self._hs = hard_state
         self._durable_hs = hard_state
         self._epoch = 0  # bumped on a write error: queued appends of older epochs are dropped
@@ -734,7 +738,9 @@ class GroupLog:
 
     def _install(self, gen: int, files: list[_SegFile]) -> list[_SegFile]:
         """Add flushed segment files; drop generation <= gen from memory.
-        Returns leading files now void in the segment-only composition (to delete)."""
+        Returns leading files now void in the segment-only composition or
+        wholly below the release bound (to delete: a release that came while
+        their entries were still only in the WAL)."""
         self._files.extend(files)
         self._files.sort(key=lambda f: f.seq)
         if self._mem and self._marks and self._marks[0].gen <= gen:
@@ -748,7 +754,7 @@ class GroupLog:
             self._marks = [m for m in self._marks if m.gen > gen]
             self._clip = keep_from - 1
         self._recompute_pieces()
-        return self._drop_leading(0)
+        return self._drop_leading(self._release_bound)
 
     def _drop_leading(self, bound: int) -> list[_SegFile]:
         """Remove (from the list) leading files that are void in the segment-only
@@ -822,7 +828,8 @@ class GroupLog:
             if snap is None:
                 return 0
             bound = min(smallest_live_index, snap.index + 1)
-            dropped = self._drop_leading(bound)
+            self._release_bound = max(self._release_bound, bound)
+            dropped = self._drop_leading(self._release_bound)
             for f in dropped:
                 self._mgr._evict(f.path)
         self._mgr._unlink_segments(self.path, dropped)
