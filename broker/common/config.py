@@ -50,6 +50,43 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], i
     return parse
 
 
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "ki": 1024, "kib": 1024, "kb": 1000,
+    "m": 1024**2, "mi": 1024**2, "mib": 1024**2, "mb": 1000**2,
+    "g": 1024**3, "gi": 1024**3, "gib": 1024**3, "gb": 1000**3,
+    "t": 1024**4, "ti": 1024**4, "tib": 1024**4, "tb": 1000**4,
+}
+
+
+def _size(key: str, raw: str) -> int:
+    """An amount of bytes as RabbitMQ writes it: `50000000`, `50MB` (10^6),
+    `1GiB` (2^30), `512KiB`..."""
+    text = raw.strip().replace("_", "")
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    unit = text[len(digits):].strip().lower() if digits else ""
+    try:
+        number = float(digits)
+    except ValueError:
+        raise ConfigError(f"{key}: expected bytes such as 50000000, 50MB or 1GiB, got {raw!r}") from None
+    if unit not in _UNITS or number < 0:
+        raise ConfigError(f"{key}: expected bytes such as 50000000, 50MB or 1GiB, got {raw!r}")
+    return int(number * _UNITS[unit])
+
+
+def _ratio(lo: float, hi: float) -> Callable[[str, str], float]:
+    def parse(key: str, raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{key}: expected a number, got {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{key}: must be between {lo} and {hi}, got {value}")
+        return value
+
+    return parse
+
+
 def _bool(key: str, raw: str) -> bool:
     v = raw.strip().lower()
     if v in ("true", "yes", "on", "1"):
@@ -140,6 +177,21 @@ SETTINGS: tuple[Setting, ...] = (
             "delivery acknowledgement timeout, ms: a delivery not acknowledged in time closes "
             "its channel (406); the x-consumer-timeout queue or consume argument and the "
             "consumer-timeout policy key override it per queue/consumer"),
+    # resource alarms (RabbitMQ names): publishers are blocked cluster-wide
+    # while any node is above its memory watermark or below its free disk limit
+    Setting("disk_free_limit.absolute", _size, 50_000_000,
+            "free disk space (data directory's file system) below which the disk alarm "
+            "is raised; bytes or 50MB/1GiB (0: no disk alarm)"),
+    Setting("disk_free_limit.relative", _ratio(0.0, 100.0), 0.0,
+            "if set (> 0): the limit is this multiple of the memory limit's total "
+            "(RAM or the cgroup limit), instead of the absolute one"),
+    Setting("vm_memory_high_watermark.relative", _ratio(0.0, 1.0), 0.6,
+            "share of the memory available (RAM or the cgroup limit) above which the "
+            "node's resident memory raises the memory alarm (0: no memory alarm)"),
+    Setting("vm_memory_high_watermark.absolute", _size, 0,
+            "if set (> 0): the memory alarm threshold in bytes, instead of the relative one"),
+    Setting("alarms.check_interval_ms", _int(50, 60000), 1000,
+            "how often free disk space and memory are checked"),
     # users and vhosts (RabbitMQ names)
     Setting("default_vhost", _str, "/", "vhost created on a fresh cluster"),
     Setting("default_user", _str, "guest", "user created on a fresh cluster"),

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Awaitable, Callable
@@ -46,10 +45,6 @@ from .openapi import openapi_document
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MGMT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
-#: Free space below this on the data directory's file system raises the disk alarm
-#: (RabbitMQ's default disk_free_limit).
-DISK_FREE_LIMIT = 50_000_000
-
 NODE_KEY = web.AppKey("node", Any)
 log = logging.getLogger("broker.mgmt.api")
 
@@ -324,15 +319,21 @@ async def overview(request: web.Request) -> web.Response:
     })
 
 
+async def _node_resources(node: Any) -> dict[str, dict[str, Any]]:
+    """Each reachable node's own disk/memory numbers and alarms, by name."""
+    return {str(r["node"]): r for r in await node.cluster_call("resources")}
+
+
 async def list_nodes(request: web.Request) -> web.Response:
     node = ctx(request).node
-    return web.json_response([v.node_view(node, n) for n in v.cluster_nodes(node)])
+    res = await _node_resources(node)
+    return web.json_response([v.node_view(node, n, res.get(n)) for n in v.cluster_nodes(node)])
 
 
 async def get_node(request: web.Request) -> web.Response:
     node = ctx(request).node
     name = known_node(node, request.match_info["node"])
-    return web.json_response(v.node_view(node, name))
+    return web.json_response(v.node_view(node, name, (await _node_resources(node)).get(name)))
 
 
 def _live_accounting(node: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
@@ -795,13 +796,23 @@ async def delete_policy(request: web.Request) -> web.Response:
 
 # ---------------------------------------------------------------- health
 async def health_alarms(request: web.Request) -> web.Response:
+    """RabbitMQ's: 503 while a resource alarm is in effect on any node."""
+    alarms = ctx(request).node.alarms.cluster_alarms()
+    if alarms:
+        return web.json_response({"status": "failed",
+                                  "reason": "There are alarms in effect in the cluster",
+                                  "alarms": alarms}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def health_local_alarms(request: web.Request) -> web.Response:
+    """RabbitMQ's: 503 while a resource alarm is in effect on this node."""
     node = ctx(request).node
-    free = shutil.disk_usage(node.data_dir).free
-    if free < DISK_FREE_LIMIT:
-        return web.json_response({"status": "failed", "reason": "resource alarm(s) in effect",
-                                  "alarms": [{"node": node.node_name, "resource": "disk",
-                                              "free": free, "limit": DISK_FREE_LIMIT}]},
-                                 status=503)
+    alarms = [a for a in node.alarms.cluster_alarms() if a["node"] == node.node_name]
+    if alarms:
+        return web.json_response({"status": "failed",
+                                  "reason": "There are alarms in effect on the node",
+                                  "alarms": alarms}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -1385,6 +1396,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("PUT", "/api/operator-policies/{vhost}/{name}", put_policy),
     ("DELETE", "/api/operator-policies/{vhost}/{name}", delete_policy),
     ("GET", "/api/health/checks/alarms", health_alarms),
+    ("GET", "/api/health/checks/local-alarms", health_local_alarms),
     ("GET", "/api/health/checks/node-is-quorum-critical", health_quorum_critical),
     ("GET", "/api/health/checks/raft-groups", health_raft_groups),
     ("GET", "/api/health/live", _public(liveness)),

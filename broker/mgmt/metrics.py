@@ -218,6 +218,26 @@ class NodeCollector(Collector):
                                  "1 when this node leads the metadata group", labels=[])
         meta.add_metric([], 1 if node.meta.group.is_leader else 0)
         yield meta
+        alarms = node.alarms
+        for name, doc, flag in (
+                ("rabbitmq_alarms_free_disk_space_watermark",
+                 "is 1 if free disk space watermark alarm is in effect", "disk" in alarms.local),
+                ("rabbitmq_alarms_memory_used_watermark",
+                 "is 1 if VM memory watermark alarm is in effect", "memory" in alarms.local)):
+            um = UnknownMetricFamily(name, doc, labels=[])  # untyped, as rabbitmq_prometheus
+            um.add_metric([], 1.0 if flag else 0.0)
+            yield um
+        for name, doc, value in (
+                ("rabbitmq_disk_space_available_bytes", "Disk space available in bytes",
+                 alarms.disk_free or 0),
+                ("rabbitmq_disk_space_available_limit_bytes",
+                 "Free disk space low watermark in bytes", alarms.disk_limit),
+                ("rabbitmq_process_resident_memory_bytes", "Memory used in bytes", alarms.mem_used),
+                ("rabbitmq_resident_memory_limit_bytes", "Memory high watermark in bytes",
+                 alarms.mem_limit)):
+            m = GaugeMetricFamily(name, doc, labels=[])
+            m.add_metric([], float(value))
+            yield m
         stopped = GaugeMetricFamily("qq_raft_groups_stopped",
                                     "Raft groups on this node stopped by a broken invariant or a "
                                     "storage failure (see /api/health/checks/raft-groups)", labels=[])

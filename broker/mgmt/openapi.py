@@ -44,7 +44,12 @@ SCHEMAS: dict[str, Any] = {
              "properties": {"name": _STR, "running": _BOOL, "type": _STR,
                             "partitions": {"type": "array", "items": _STR},
                             "being_drained": _BOOL, "metadata_leader": _BOOL,
-                            "quorum_queue_members": _INT, "quorum_queue_leaders": _INT}},
+                            "quorum_queue_members": _INT, "quorum_queue_leaders": _INT,
+                            "mem_alarm": _BOOL, "disk_free_alarm": _BOOL,
+                            "mem_used": {"type": "integer", "nullable": True},
+                            "mem_limit": {"type": "integer", "nullable": True},
+                            "disk_free": {"type": "integer", "nullable": True},
+                            "disk_free_limit": {"type": "integer", "nullable": True}}},
     "StorageManifest": {
         "type": "object",
         "required": ["node", "data_dir", "generated_at_ms", "wal", "groups", "deleting",
@@ -422,6 +427,9 @@ PATHS: dict[str, Any] = {
     **POLICY_PATHS,
     "/api/health/checks/alarms": {"get": _op(
         "503 when a resource alarm is in effect",
+        {"200": _json(_ref("Status"), "ok"), "503": _json(_ref("Status"), "alarms")})},
+    "/api/health/checks/local-alarms": {"get": _op(
+        "503 when a resource alarm is in effect on this node",
         {"200": _json(_ref("Status"), "ok"), "503": _json(_ref("Status"), "alarms")})},
     "/api/health/checks/node-is-quorum-critical": {"get": _op(
         "503 when stopping the node would leave a quorum queue without quorum",

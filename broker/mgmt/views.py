@@ -65,7 +65,9 @@ def online(node: Any, members: Iterable[str]) -> list[str]:
     return [m for m in members if is_running(node, m)]
 
 
-def node_view(node: Any, name: str) -> dict[str, Any]:
+def node_view(node: Any, name: str, resources: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A cluster node as RabbitMQ's /api/nodes shows it; `resources` is the
+    node's own answer (disk, memory, alarms) when it gave one."""
     state = node.meta.state
     members = sum(1 for r in state.queues.values() if r.type == "quorum" and name in r.members)
     leaders = sum(1 for r in state.queues.values() if r.type == "quorum" and r.leader == name)
@@ -78,6 +80,24 @@ def node_view(node: Any, name: str) -> dict[str, Any]:
         "metadata_leader": node.meta.group.leader == name,
         "quorum_queue_members": members,
         "quorum_queue_leaders": leaders,
+        **_resources_view(node, name, resources),
+    }
+
+
+def _resources_view(node: Any, name: str, res: dict[str, Any] | None) -> dict[str, Any]:
+    """RabbitMQ's node fields for resources and alarms. Alarm flags come from
+    this node's picture of the cluster (runtime/alarms.py) even when the node
+    itself did not answer; the numbers only from the node."""
+    alarms = node.alarms
+    held = set(alarms.local) if name == node.node_name else set(alarms.remote.get(name, ()))
+    res = res or {}
+    return {
+        "mem_alarm": "memory" in held,
+        "disk_free_alarm": "disk" in held,
+        "mem_used": res.get("mem_used"),
+        "mem_limit": res.get("mem_limit"),
+        "disk_free": res.get("disk_free"),
+        "disk_free_limit": res.get("disk_free_limit"),
     }
 
 

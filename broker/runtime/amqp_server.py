@@ -38,6 +38,7 @@ from broker.amqp.connection import ServerConnection
 from broker.queue.config import amqp_type_name, consumer_timeout_ms
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
 
+from .alarms import blocked_reason
 from .publish import PublisherSession
 from .queues import Message, QueueProcess, QueueUid
 
@@ -1097,6 +1098,7 @@ class AmqpConnection(asyncio.Protocol):
         self.settles_dirty: set[Channel] = set()
         self.inflight = 0
         self.paused = False
+        self.alarm_blocked = False  # blocked by a resource alarm (runtime/alarms.py)
         self.last_queue: str | None = None
         self.global_prefetch = 0
         self.write_ok: set[str] = set()
@@ -1162,6 +1164,8 @@ class AmqpConnection(asyncio.Protocol):
             t = type(event)
             ch_no = getattr(event, "channel", None)
             if t in (ev.Publish, ev.Ack, ev.Nack, ev.Reject, ev.MethodReceived):
+                if t is ev.Publish and self.node.alarm_resources and not self.alarm_blocked:
+                    self._alarm_block()
                 ch = channels.get(ch_no)  # type: ignore[arg-type]
                 if ch is not None:
                     ch.feed(event)
@@ -1269,9 +1273,29 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume(self) -> None:
+        if self.alarm_blocked:
+            return  # a resource alarm holds it (alarms_changed resumes it)
         if self.paused and self.transport is not None and not self.transport.is_closing():
             self.paused = False
             self.transport.resume_reading()
+
+    # ------------------------------------------------------------ resource alarms
+    def _alarm_block(self) -> None:
+        """A publish while an alarm is in effect (runtime/alarms.py): tell the
+        client (connection.blocked, if it asked for it) and stop reading. What
+        was already read is handled as usual: accepted publishes are confirmed."""
+        self.alarm_blocked = True
+        self.write(self.amqp.send_blocked(blocked_reason(self.node.alarm_resources)))
+        self.pause()
+
+    def alarms_changed(self, resources: frozenset[str]) -> None:
+        if resources or not self.alarm_blocked or self.closed:
+            return
+        self.alarm_blocked = False
+        self.write(self.amqp.send_unblocked())
+        self.flush()
+        if not self.write_paused and self.inflight < LOW_WATER:
+            self.resume()
 
     # ------------------------------------------------------------ heartbeats
     def _schedule_tick(self) -> None:
@@ -1323,7 +1347,8 @@ class AmqpConnection(asyncio.Protocol):
         props = self.client_properties
         return {
             "name": self.name, "node": self.node.node_name, "type": "network",
-            "state": "closed" if self.closed else "running", "protocol": "AMQP 0-9-1",
+            "state": "closed" if self.closed else "blocked" if self.alarm_blocked else "running",
+            "protocol": "AMQP 0-9-1",
             "vhost": self.vhost, "user": self.user, "user_who_performed_action": self.user,
             "auth_mechanism": self.auth_mechanism, "ssl": False,
             "host": self.host, "port": self.port, "peer_host": self.peer,

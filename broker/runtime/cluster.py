@@ -363,6 +363,8 @@ class Cluster:
                         fut.set_result(m.value)
                     else:
                         fut.set_exception(RuntimeError(m.value))
+            elif isinstance(m, pw.AlarmState):
+                self.node.remote_alarms(peer, m.resources)
             elif isinstance(m, pw.Hello):
                 # A new connection from `peer`: replies it sent us on the old
                 # one may be lost. Re-send our pending requests to it, in order

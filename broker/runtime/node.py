@@ -33,6 +33,7 @@ from broker.raft import RaftConfig
 
 from . import peer_wire as pw
 from . import wire
+from .alarms import Alarms
 from .amqp_server import AmqpConnection, reply_detail
 from .backoff import Backoff
 from .classic import DurableClassicQueue
@@ -88,6 +89,10 @@ class Node:
         self._down_since: dict[str, float] = {}
         self._departing: set[str] = set()  # peers the last housekeeping pass found gone
         self._housekeeping_task: asyncio.Task[None] | None = None
+        self.alarms = Alarms(self.node_name, self.data_dir, config)
+        #: resources with an alarm anywhere in the cluster: publishers are blocked
+        self.alarm_resources: frozenset[str] = frozenset()
+        self._alarm_task: asyncio.Task[None] | None = None
         self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
         # Queue members on this node that could not start (their storage is
         # unusable): queue key -> reason. Reported by status and health checks.
@@ -149,6 +154,9 @@ class Node:
                          "the metadata store did not become ready (is a quorum of "
                          f"{members} reachable?)")
         self._housekeeping_task = loop.create_task(self._housekeeping())
+        self.alarms.check()
+        self._alarms_changed()
+        self._alarm_task = loop.create_task(self._alarm_loop())
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
             self._start_queue(record)
@@ -188,6 +196,8 @@ class Node:
             self._tick_task.cancel()
         if self._housekeeping_task is not None:
             self._housekeeping_task.cancel()
+        if self._alarm_task is not None:
+            self._alarm_task.cancel()
         if self._join_task is not None:
             self._join_task.cancel()
         for q in self.queues.values():
@@ -311,9 +321,48 @@ class Node:
                     else:
                         self._down_since.setdefault(peer, now)
                 self._forget_departed_peers()
+                if self.alarms.local:
+                    self._broadcast_alarms()  # repeated while in effect: a lost one is mended
+                gone = [p for p in self.alarms.remote if self._peer_gone(p)]
+                if gone:
+                    for p in gone:
+                        self.alarms.drop_remote(p)
+                    self._alarms_changed()
             for q in list(self.queues.values()):
                 if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                     q.reap_dead_channels()
+
+    # ------------------------------------------------------------ resource alarms
+    async def _alarm_loop(self) -> None:
+        interval = self.config["alarms.check_interval_ms"] / 1000
+        while True:
+            await asyncio.sleep(interval)
+            if self.alarms.check():
+                self._broadcast_alarms()
+                self._alarms_changed()
+
+    def _broadcast_alarms(self) -> None:
+        if self.cluster is None:
+            return
+        state = pw.AlarmState(sorted(self.alarms.local))
+        for peer in list(self.cluster.peers):
+            if self.cluster.transport.is_connected(peer):
+                self.cluster.send_to(peer, state)
+
+    def remote_alarms(self, peer: str, resources: list[str]) -> None:
+        """A peer's alarm state (peer message AlarmState)."""
+        if self.alarms.set_remote(peer, resources):
+            self._alarms_changed()
+
+    def _alarms_changed(self) -> None:
+        """Block publishing connections while an alarm is in effect anywhere
+        in the cluster; unblock them all when the last one clears."""
+        resources = self.alarms.in_effect()
+        if resources == self.alarm_resources:
+            return
+        self.alarm_resources = resources
+        for conn in list(self.connections):
+            conn.alarms_changed(resources)
 
     def _forget_departed_peers(self) -> None:
         """Drop peers that left the cluster for good (`forget_node`: out of
@@ -415,6 +464,8 @@ class Node:
         for q in list(self.queues.values()):
             if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                 q.redeliver_checked_out(peer)
+        if self.cluster is not None:  # the peer may have missed our alarm changes
+            self.cluster.send_to(peer, pw.AlarmState(sorted(self.alarms.local)))
 
     def _campaign_if_leader_is(self, g: Any, peer: str) -> None:
         if g.stopped is None and g.leader == peer and not g.is_leader and \
@@ -436,6 +487,13 @@ class Node:
             return True
         live = self.cluster.incarnations.get(node)
         return live is not None and live != prefix
+
+    def _peer_gone(self, peer: str) -> bool:
+        """Unreachable for longer than the grace period (or no longer a peer)."""
+        if self.cluster is None or peer not in self.cluster.peers:
+            return True
+        since = self._down_since.get(peer)
+        return since is not None and time.monotonic() - since > PEER_DOWN_GRACE_S
 
     def channel_dead(self, channel: str) -> bool:
         """Gone for good, or its node unreachable for longer than the grace
@@ -601,6 +659,11 @@ class Node:
             return [] if stats is None else [
                 [uid[0], uid[1], uid[2], c.message_stats()] for uid, c in list(stats.queues.items())
                 if want is None or (uid[0], uid[1]) == want]
+        if op == "resources":
+            a = self.alarms
+            return {"node": self.node_name, "disk_free": a.disk_free, "disk_free_limit": a.disk_limit,
+                    "mem_used": a.mem_used, "mem_limit": a.mem_limit,
+                    "alarms": sorted(a.local)}
         if op == "close_connection":
             return self.close_local_connection(str(args[0]), str(args[1]))
         raise ValueError(f"unknown call {op!r}")

@@ -14,6 +14,8 @@ tag first, then its fields in declaration order:
     Join          ["j", node_name, host, port]     let this node into the cluster
     Call          ["i", call_id, op, args]         a node-local question (Node.serve_call)
     CallReply     ["o", call_id, ok, value]        its answer (or the error's text)
+    AlarmState    ["w", [resources]]               the sender's resource alarms
+                                                   ("disk", "memory"; runtime/alarms.py)
 
 `decode` refuses anything else with `PeerMessageError` (an unknown tag, the
 wrong number of fields): a peer's garbage is dropped with a log line, never
@@ -93,10 +95,17 @@ class CallReply:
     value: Any
 
 
-PeerMessage = Hello | RaftMessage | QueueRequest | QueueReply | Deliveries | Join | Call | CallReply
+@dataclass(frozen=True, slots=True)
+class AlarmState:
+    TAG: ClassVar[str] = "w"
+    resources: list[str]
+
+
+PeerMessage = (Hello | RaftMessage | QueueRequest | QueueReply | Deliveries | Join | Call | CallReply
+               | AlarmState)
 
 _TYPES: tuple[type, ...] = (Hello, RaftMessage, QueueRequest, QueueReply, Deliveries, Join, Call,
-                            CallReply)
+                            CallReply, AlarmState)
 _BY_TAG: dict[str, tuple[type, tuple[str, ...]]] = {
     t.TAG: (t, tuple(f.name for f in fields(t))) for t in _TYPES  # type: ignore[attr-defined]
 }
@@ -122,5 +131,5 @@ def decode(raw: Any) -> PeerMessage:
     return msg
 
 
-__all__ = ["Call", "CallReply", "Deliveries", "Hello", "Join", "PeerMessage", "PeerMessageError",
+__all__ = ["AlarmState", "Call", "CallReply", "Deliveries", "Hello", "Join", "PeerMessage", "PeerMessageError",
            "QueueReply", "QueueRequest", "RaftMessage", "decode", "encode"]

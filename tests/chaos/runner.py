@@ -45,9 +45,12 @@ class RunConfig:
     quiet_s: tuple[float, float] = (2.0, 5.0)
     membership_s: tuple[float, float] = (1.0, 4.0)
     drain_timeout: float = 150.0
+    # the disk alarm below 8 MB free (RabbitMQ's default 50 MB would leave the
+    # disk-full node's 64 MiB tmpfs in alarm almost from the start)
     broker_config: str = ("raft.snapshot_interval = 500\n"
                           "raft.wal_max_size_bytes = 1048576\n"
-                          "raft.segment_max_entries = 256\n")
+                          "raft.segment_max_entries = 256\n"
+                          "disk_free_limit.absolute = 8MB\n")
     keep_data: bool = False
     queue: str = "chaos"
     dlq: str = "chaos-dlq"

@@ -54,6 +54,12 @@ def test_environment_overrides_file() -> None:
         ("queue_leader_locator = random\n", {}, "queue_leader_locator: must be one of"),
         ("quorum_queue.continuous_membership_reconciliation.enabled = maybe\n", {},
          "quorum_queue.continuous_membership_reconciliation.enabled: expected true or false"),
+        ("disk_free_limit.absolute = lots\n", {}, "disk_free_limit.absolute: expected bytes"),
+        ("disk_free_limit.absolute = 5 parsecs\n", {}, "disk_free_limit.absolute: expected bytes"),
+        ("vm_memory_high_watermark.relative = 1.5\n", {},
+         "vm_memory_high_watermark.relative: must be between 0.0 and 1.0"),
+        ("", {"QQ__VM_MEMORY_HIGH_WATERMARK__RELATIVE": "x"},
+         "vm_memory_high_watermark.relative: expected a number"),
     ],
 )
 def test_invalid_configuration_names_the_key(text: str, env: dict[str, str], fragment: str) -> None:
@@ -67,3 +73,12 @@ def test_every_setting_default_is_valid() -> None:
     for s in SETTINGS:
         raw = ",".join(s.default) if s.is_list else str(s.default).lower() if isinstance(s.default, bool) else str(s.default)
         assert s.parse(s.key, raw) == s.default, s.key
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("50000000", 50_000_000), ("50MB", 50_000_000), ("32GB", 32_000_000_000),
+    ("1GiB", 1 << 30), ("512KiB", 512 << 10), ("2kB", 2000), ("1.5MiB", 3 << 19), ("0", 0),
+])
+def test_sizes_are_read_as_rabbitmq_writes_them(raw: str, expected: int) -> None:
+    """RabbitMQ's information units: MB, GB are powers of 10, MiB, GiB of 2."""
+    assert load_config(f"disk_free_limit.absolute = {raw}\n")["disk_free_limit.absolute"] == expected

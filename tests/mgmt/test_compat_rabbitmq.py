@@ -249,7 +249,8 @@ def _families(text: str) -> set[str]:
 def test_metric_names_are_rabbitmq_prometheus_names(rabbit: tuple[Api, int],
                                                     ours: tuple[Api, int]) -> None:
     """Every `rabbitmq_*` metric we export exists under that name (and type) in
-    rabbitmq_prometheus's per-object endpoint, so existing dashboards work."""
+    rabbitmq_prometheus's per-object or aggregated endpoint, so existing
+    dashboards work."""
     for api, _ in (rabbit, ours):
         assert api.put("/api/queues/%2F/metrics-q", QQ)[0] in (201, 204)
     _publish(rabbit[1], "metrics-q", 1)
@@ -260,7 +261,9 @@ def test_metric_names_are_rabbitmq_prometheus_names(rabbit: tuple[Api, int],
             return str(resp.read().decode())
 
     def rabbit_types() -> dict[str, str]:
-        text = scrape(PROMETHEUS_PORT["rabbit"], "/metrics/per-object")
+        # per-object (queue metrics) and the aggregated endpoint (node metrics such as alarms)
+        text = scrape(PROMETHEUS_PORT["rabbit"], "/metrics/per-object") + "\n" + \
+            scrape(PROMETHEUS_PORT["rabbit"], "/metrics")
         return {ln.split()[2]: ln.split()[3] for ln in text.splitlines() if ln.startswith("# TYPE ")}
     theirs = wait_for(lambda: (t := rabbit_types()) and "rabbitmq_raft_term_total" in t and t,
                       timeout=30, what="RabbitMQ's raft metrics")

@@ -1,0 +1,46 @@
+"""The memory alarm on a single node (issue 15): a connection that publishes
+gets connection.blocked with RabbitMQ's reason and is no longer read; what it
+had already sent is accepted and confirmed; a connection that only consumes
+keeps working. (The disk alarm across a cluster, with unblocking, is
+tests/cluster/test_alarms.py.)"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from .broker_proc import BrokerProcess
+
+
+@pytest.fixture
+def low_memory_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    # a watermark far below any Python process: the alarm is on from the start
+    b = BrokerProcess(tmp_path / "node", config=(
+        "vm_memory_high_watermark.absolute = 1MB\nalarms.check_interval_ms = 100\n")).start()
+    yield b
+    b.kill()
+
+
+def test_publishers_are_blocked_consumers_are_not(low_memory_broker: BrokerProcess) -> None:
+    port = low_memory_broker.port
+    consumer = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    cch = consumer.channel()
+    cch.queue_declare("mem-q", durable=True, arguments={"x-queue-type": "quorum"})
+
+    publisher = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    reasons: list[str] = []
+    publisher.add_on_connection_blocked_callback(lambda _c, m: reasons.append(m.method.reason))
+    pch = publisher.channel()
+    pch.confirm_delivery()
+    pch.basic_publish("", "mem-q", b"accepted", pika.BasicProperties(delivery_mode=2))  # confirmed
+    publisher.process_data_events(1)
+    assert reasons == ["low on memory"]
+
+    # the consumer's connection was never blocked: it gets the message and acks it
+    method, _props, body = cch.basic_get("mem-q")
+    assert body == b"accepted"
+    cch.basic_ack(method.delivery_tag)
+    assert cch.queue_declare("mem-q", passive=True).method.message_count == 0
+    consumer.close()
