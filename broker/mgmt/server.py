@@ -2,17 +2,22 @@
 
 Where it sits: called by `Node.start()` / `Node.stop()` (the runtime hands
 itself in; this package never imports it). Each listener runs only when its
-port is non-zero: `management.tcp.port` / `management.tcp.bind` and
-`prometheus.tcp.port` / `prometheus.tcp.bind`; the membership reconciler
+port is non-zero: `management.tcp.port` / `management.tcp.bind`,
+`management.ssl.port` (HTTPS, `management.ssl.*`), `prometheus.tcp.port` /
+`prometheus.tcp.bind` and `prometheus.ssl.port` (`prometheus.ssl.*`); the
+membership reconciler
 (`reconcile`) runs when
 `quorum_queue.continuous_membership_reconciliation.enabled` is true.
 """
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 from aiohttp import web
+
+from broker.common.tls import server_context
 
 from .api import make_app
 from .metrics import GroupSampler, make_registry, metrics_app
@@ -29,6 +34,8 @@ class ManagementServers:
         self.node = node
         self.management_port = 0
         self.metrics_port = 0
+        self.management_tls_port = 0
+        self.metrics_tls_port = 0
         self.sampler: GroupSampler | None = None
         self.reconciler: Reconciler | None = None
         self._runners: list[web.AppRunner] = []
@@ -40,22 +47,37 @@ class ManagementServers:
                 make_app(self.node), cfg["management.tcp.bind"], cfg["management.tcp.port"])
             log.info("node %s: management API on %s:%d", self.node.node_name,
                      cfg["management.tcp.bind"], self.management_port)
-        if cfg["prometheus.tcp.port"]:
+        if cfg["management.ssl.port"]:
+            self.management_tls_port = await self._serve(
+                make_app(self.node), cfg["management.ssl.bind"], cfg["management.ssl.port"],
+                server_context(cfg, "management.ssl"))
+            log.info("node %s: management API over HTTPS on %s:%d", self.node.node_name,
+                     cfg["management.ssl.bind"], self.management_tls_port)
+        if cfg["prometheus.tcp.port"] or cfg["prometheus.ssl.port"]:
             self.sampler = GroupSampler(self.node)
             self.sampler.start()
             registry = make_registry(self.node, self.sampler)
-            self.metrics_port = await self._serve(
-                metrics_app(self.node, registry), cfg["prometheus.tcp.bind"], cfg["prometheus.tcp.port"])
-            log.info("node %s: metrics on %s:%d", self.node.node_name,
-                     cfg["prometheus.tcp.bind"], self.metrics_port)
+            if cfg["prometheus.tcp.port"]:
+                self.metrics_port = await self._serve(
+                    metrics_app(self.node, registry), cfg["prometheus.tcp.bind"],
+                    cfg["prometheus.tcp.port"])
+                log.info("node %s: metrics on %s:%d", self.node.node_name,
+                         cfg["prometheus.tcp.bind"], self.metrics_port)
+            if cfg["prometheus.ssl.port"]:
+                self.metrics_tls_port = await self._serve(
+                    metrics_app(self.node, registry), cfg["prometheus.ssl.bind"],
+                    cfg["prometheus.ssl.port"], server_context(cfg, "prometheus.ssl"))
+                log.info("node %s: metrics over HTTPS on %s:%d", self.node.node_name,
+                         cfg["prometheus.ssl.bind"], self.metrics_tls_port)
         if cfg["quorum_queue.continuous_membership_reconciliation.enabled"]:
             self.reconciler = Reconciler.from_config(self.node).start()
         return self
 
-    async def _serve(self, app: web.Application, bind: str, port: int) -> int:
+    async def _serve(self, app: web.Application, bind: str, port: int,
+                     ssl_context: ssl.SSLContext | None = None) -> int:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, bind, port, reuse_address=True)
+        site = web.TCPSite(runner, bind, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         self._runners.append(runner)
         server = site._server

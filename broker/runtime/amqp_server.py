@@ -1099,6 +1099,7 @@ class AmqpConnection(asyncio.Protocol):
         self.inflight = 0
         self.paused = False
         self.alarm_blocked = False  # blocked by a resource alarm (runtime/alarms.py)
+        self.tls = False  # came in on the TLS listener
         self.last_queue: str | None = None
         self.global_prefetch = 0
         self.write_ok: set[str] = set()
@@ -1117,6 +1118,7 @@ class AmqpConnection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.tls = transport.get_extra_info("ssl_object") is not None
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
         self.peer_port = int(peer[1]) if peer else 0
@@ -1350,7 +1352,7 @@ class AmqpConnection(asyncio.Protocol):
             "state": "closed" if self.closed else "blocked" if self.alarm_blocked else "running",
             "protocol": "AMQP 0-9-1",
             "vhost": self.vhost, "user": self.user, "user_who_performed_action": self.user,
-            "auth_mechanism": self.auth_mechanism, "ssl": False,
+            "auth_mechanism": self.auth_mechanism, "ssl": self.tls,
             "host": self.host, "port": self.port, "peer_host": self.peer,
             "peer_port": self.peer_port, "connected_at": self.connected_at,
             "channels": len(self.channels), "channel_max": amqp.channel_max,

@@ -29,6 +29,7 @@ from broker import queue as qm
 from broker import storage as st
 from broker.amqp.connection import ServerConfig
 from broker.common.config import Config, ConfigError, load_config
+from broker.common.tls import server_context
 from broker.raft import RaftConfig
 
 from . import peer_wire as pw
@@ -74,6 +75,8 @@ class Node:
         self.storage: st.LogManager | None = None
         self.meta: MetadataStore = None  # type: ignore[assignment]
         self._server: asyncio.base_events.Server | None = None
+        self._tls_server: asyncio.base_events.Server | None = None
+        self.tls_port = 0  # the AMQP over TLS listener's port (0: off)
         self._tick_task: asyncio.Task[None] | None = None
         self._groups_by_id: dict[str, Any] = {}
         # durable classic queues on this node, by storage group id (runtime/classic.py)
@@ -104,6 +107,14 @@ class Node:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
+        cfg = self.config
+        # listener settings are checked before anything touches the disk
+        if cfg["listeners.tcp"] == "none" and not cfg["listeners.ssl.default"]:
+            raise ConfigError("listeners.tcp = none needs listeners.ssl.default: no AMQP listener left")
+        amqp_tls = server_context(cfg, "ssl_options") if cfg["listeners.ssl.default"] else None
+        for prefix in ("management.ssl", "prometheus.ssl"):
+            if cfg[f"{prefix}.port"]:
+                server_context(cfg, prefix)  # refuse bad files now, not after the cluster formed
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.storage = st.LogManager(
             self.data_dir / "raft",
@@ -165,14 +176,25 @@ class Node:
         if fresh and self.config["load_definitions"] and self.meta.group.is_leader:
             # Once, by the node that created the cluster, before clients can connect.
             await load_definitions_file(self, self.config["load_definitions"])
-        self._server = await loop.create_server(
-            lambda: AmqpConnection(self), self.config["listeners.tcp.bind"],
-            self.config["listeners.tcp.default"], reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("node %s: AMQP listening on %s:%d", self.node_name,
-                 self.config["listeners.tcp.bind"], self.port)
-        if self.config["management.tcp.port"] or self.config["prometheus.tcp.port"] or \
-                self.config["quorum_queue.continuous_membership_reconciliation.enabled"]:
+        if cfg["listeners.tcp"] != "none":
+            self._server = await loop.create_server(
+                lambda: AmqpConnection(self), cfg["listeners.tcp.bind"],
+                cfg["listeners.tcp.default"], reuse_address=True)
+            self.port = self._server.sockets[0].getsockname()[1]
+            log.info("node %s: AMQP listening on %s:%d", self.node_name,
+                     cfg["listeners.tcp.bind"], self.port)
+        if cfg["listeners.ssl.default"]:
+            self._tls_server = await loop.create_server(
+                lambda: AmqpConnection(self), cfg["listeners.ssl.bind"], cfg["listeners.ssl.default"],
+                reuse_address=True, ssl=amqp_tls)
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            log.info("node %s: AMQP over TLS listening on %s:%d", self.node_name,
+                     cfg["listeners.ssl.bind"], self.tls_port)
+            if self._server is None:
+                self.port = self.tls_port
+        if cfg["management.tcp.port"] or cfg["prometheus.tcp.port"] or cfg["management.ssl.port"] \
+                or cfg["prometheus.ssl.port"] \
+                or cfg["quorum_queue.continuous_membership_reconciliation.enabled"]:
             from broker.mgmt import start_servers
 
             self.mgmt = await start_servers(self)
@@ -188,6 +210,8 @@ class Node:
             self.mgmt = None
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         for conn in list(self.connections):
             conn.force_close("broker forced connection closure with reason 'shutdown'")
             if conn.transport is not None:
