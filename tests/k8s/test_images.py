@@ -127,18 +127,47 @@ def test_broker_container_serves_amqp(images: dict[str, str], tmp_path: Path) ->
 STS, NS, USER, PASSWORD = "qq-quorumq", "messaging", "admin", "k8s-container-pw"
 
 
+# The pods' network: a podman bridge network of the test's own, each pod at a
+# fixed address and every pod's DNS name (POD.HEADLESS.NS.svc.cluster.local,
+# what the chart's configuration derives node names from) in every
+# container's /etc/hosts, as the cluster DNS would answer it.
+SUBNET = f"10.89.{20 + os.getpid() % 200}"
+HEADLESS = "qq-quorumq-nodes"
+
+
 def container_addr(ordinal: int) -> str:
-    return f"127.0.1.2{ordinal}"
+    return f"{SUBNET}.{10 + ordinal}"
+
+
+def pod_fqdn(ordinal: int) -> str:
+    return f"{STS}-{ordinal}.{HEADLESS}.{NS}.svc.cluster.local"
+
+
+class PodNetwork:
+    def __init__(self) -> None:
+        self.name = f"qq-it-net-{os.getpid()}"
+
+    def __enter__(self) -> PodNetwork:
+        subprocess.run([*PODMAN, "network", "rm", "-f", self.name], capture_output=True, timeout=60)
+        proc = subprocess.run([*PODMAN, "network", "create", "--subnet", f"{SUBNET}.0/24", self.name],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run([*PODMAN, "network", "rm", "-f", self.name], capture_output=True, timeout=60)
 
 
 class BrokerContainer:
-    """One broker pod as a container of the built image: host network (all
-    traffic on loopback), its own loopback address, the chart's rendered
-    quorumq.conf and the cluster secret bind-mounted where the chart mounts
-    them, its volume a host directory."""
+    """One broker pod as a container of the built image on the pods' podman
+    network: its own address and host name, the chart's rendered quorumq.conf
+    and the cluster secret bind-mounted where the chart mounts them, its
+    volume a host directory."""
 
-    def __init__(self, image: str, ordinal: int, ports: dict[str, int], root: Path) -> None:
+    def __init__(self, image: str, ordinal: int, ports: dict[str, int], root: Path,
+                 network: PodNetwork) -> None:
         self.image, self.ordinal, self.ports, self.root = image, ordinal, ports, root
+        self.network = network
         self.pod = f"{STS}-{ordinal}"
         self.name = f"qq-it-{os.getpid()}-{ordinal}"
         self.data = root / self.pod  # the pod's PVC, owned by the image's user
@@ -151,17 +180,16 @@ class BrokerContainer:
         return f"http://{container_addr(self.ordinal)}:{self.ports['management']}"
 
     def run(self) -> BrokerContainer:
-        a = container_addr(self.ordinal)
         env = {"POD_NAME": self.pod, "POD_NAMESPACE": NS,
                "QQ__DEFAULT_USER": USER, "QQ__DEFAULT_PASS": PASSWORD,
-               "QQCTL_URL": self.mgmt_url, "QQCTL_USER": USER, "QQCTL_PASSWORD": PASSWORD,
-               "QQ__CLUSTER__STATEFULSET__HOST_TEMPLATE": "127.0.1.2{ordinal}",
-               "QQ__LISTENERS__TCP__BIND": a, "QQ__MANAGEMENT__TCP__BIND": a,
-               "QQ__PROMETHEUS__TCP__BIND": a, "QQ__CLUSTER__BIND": a,
+               "QQCTL_URL": f"http://127.0.0.1:{self.ports['management']}",
+               "QQCTL_USER": USER, "QQCTL_PASSWORD": PASSWORD,
                "QQ__CLUSTER__FORMATION_TIMEOUT_MS": "60000"}
+        hosts = [x for i in range(4) for x in ("--add-host", f"{pod_fqdn(i)}:{container_addr(i)}")]
         self.started = True  # from here on, always removed
         proc = subprocess.run(
-            [*PODMAN, "run", "-d", "--name", self.name, "--network", "host", *ULIMITS,
+            [*PODMAN, "run", "-d", "--name", self.name, "--network", self.network.name,
+             "--ip", container_addr(self.ordinal), "--hostname", self.pod, *hosts, *ULIMITS,
              "--read-only", "--tmpfs", "/tmp", "-v", f"{self.data}:/var/lib/quorumq",
              "-v", f"{self.root / 'quorumq.conf'}:/etc/quorumq/quorumq.conf:ro",
              "-v", f"{self.root / 'cluster-secret'}:/etc/quorumq/secret/cluster-secret:ro",
@@ -242,8 +270,9 @@ def check_all(pod: BrokerContainer, queue: str, bodies: list[bytes]) -> None:
 @pytest.mark.root
 def test_broker_pods_as_containers_form_restart_and_scale_up(images: dict[str, str],
                                                              tmp_path: Path) -> None:
-    """Issue 11's scenario on containers of the built image: pods 0..2 form the
-    cluster from the chart's rendered configuration, a confirmed publish on one
+    """Issue 11's scenario on containers of the built image, on a podman
+    network with the pods' DNS names: pods 0..2 form the cluster from the
+    chart's rendered configuration, a confirmed publish on one
     and a consume from another, pod 0 restarted (SIGTERM, then started again on
     its volume) rejoins as itself with nothing confirmed lost, and pod 3 added
     later joins the running cluster."""
@@ -254,8 +283,10 @@ def test_broker_pods_as_containers_form_restart_and_scale_up(images: dict[str, s
     (tmp_path / "cluster-secret").write_text("s3cret-shared-by-every-container-0123456789\n")
     for f in ("quorumq.conf", "cluster-secret"):
         (tmp_path / f).chmod(0o644)
-    node = {i: f"rabbit@{container_addr(i)}" for i in range(4)}
-    pods = [BrokerContainer(images["broker"], i, ports, tmp_path) for i in range(4)]
+    assert f"cluster.statefulset.service = {HEADLESS}" in conf
+    node = {i: f"rabbit@{pod_fqdn(i)}" for i in range(4)}
+    network = PodNetwork().__enter__()
+    pods = [BrokerContainer(images["broker"], i, ports, tmp_path, network) for i in range(4)]
     t0 = time.monotonic()
     try:
         # ---- ordinals 0..2 start together (podManagementPolicy: Parallel) and form the cluster
@@ -303,3 +334,4 @@ def test_broker_pods_as_containers_form_restart_and_scale_up(images: dict[str, s
     finally:
         for p in pods:
             p.remove()
+        network.__exit__(None, None, None)
