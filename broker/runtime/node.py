@@ -91,6 +91,7 @@ class Node:
         self.membership = Membership(self)
         self._down_since: dict[str, float] = {}
         self._departing: set[str] = set()  # peers the last housekeeping pass found gone
+        self._departed: set[str] = set()  # peers forgotten: they left the cluster for good
         self._housekeeping_task: asyncio.Task[None] | None = None
         self.alarms = Alarms(self.node_name, self.data_dir, config)
         #: resources with an alarm anywhere in the cluster: publishers are blocked
@@ -413,6 +414,9 @@ class Node:
             log.info("node %s left the cluster: forgetting it", peer)
             self.cluster.remove_peer(peer)
             self._down_since.pop(peer, None)
+            # its channels are gone for good: their consumers go and their
+            # checked-out messages return (channel_gone)
+            self._departed.add(peer)
         self._departing = gone
 
     def _advertised(self) -> tuple[str, int]:
@@ -509,6 +513,8 @@ class Node:
                            for c in self.connections for ch in c.channels.values())
         if self.cluster is None:
             return True
+        if node in self._departed and node not in self.cluster.peers:
+            return True  # it left the cluster for good (forget_node)
         live = self.cluster.incarnations.get(node)
         return live is not None and live != prefix
 
