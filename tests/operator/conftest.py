@@ -125,6 +125,12 @@ class KubeApi:
             k.resources[f"{GROUP}/policies"] = info(
                 kind="Policy", singular="policy", namespaced=True, verbs=all_verbs,
                 shortnames={"qqpol"}, categories={"quorumq"}, subresources={"status"})
+            # kopf's peering objects (crds/kopf-peering.yaml)
+            k.resources["kopf.dev/v1/kopfpeerings"] = info(
+                kind="KopfPeering", singular="kopfpeering", namespaced=True, verbs=all_verbs)
+            k.resources["kopf.dev/v1/clusterkopfpeerings"] = info(
+                kind="ClusterKopfPeering", singular="clusterkopfpeering", namespaced=False,
+                verbs=all_verbs)
             k.objects["v1/namespaces", None, NS] = {
                 "apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": NS, "resourceVersion": "1", "uid": str(uuid.uuid4())}}
@@ -219,7 +225,8 @@ class KubeApiProcess(KubeApi):
 
 PLURALS = {"Secret": "secrets", "ConfigMap": "configmaps", "Pod": "pods",
            "StatefulSet": "statefulsets",
-           "QuorumQueue": "quorumqueues", "Policy": "policies", "Event": "events"}
+           "QuorumQueue": "quorumqueues", "Policy": "policies", "Event": "events",
+           "KopfPeering": "kopfpeerings"}
 
 
 class BrokerApi:
