@@ -202,6 +202,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat", _int(0, 65535), 60, "heartbeat timeout proposed to clients, seconds"),
     Setting("frame_max", _int(4096, 2**31 - 1), 131072, "largest frame proposed to clients"),
     Setting("channel_max", _int(0, 65535), 2047, "most channels per connection"),
+    Setting("max_message_size", _int(1, 512 * 1024 * 1024), 128 * 1024 * 1024,
+            "largest message body accepted, bytes (RabbitMQ's default 128 MiB, its maximum "
+            "512 MiB): a larger publish closes the channel with 406 PRECONDITION_FAILED"),
     Setting("consumer_timeout", _int(0, 2**31 - 1), 1800000,
             "delivery acknowledgement timeout, ms: a delivery not acknowledged in time closes "
             "its channel (406); the x-consumer-timeout queue or consume argument and the "

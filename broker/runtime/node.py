@@ -65,6 +65,7 @@ class Node:
         self.amqp_config = ServerConfig(
             frame_max=config["frame_max"], channel_max=config["channel_max"],
             heartbeat=config["heartbeat"], cluster_name=self.node_name,
+            max_message_size=config["max_message_size"],
         )
         tick_ms = config["raft.tick_ms"]
         self.tick_s = tick_ms / 1000

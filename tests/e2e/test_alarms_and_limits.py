@@ -2,13 +2,14 @@
 gets connection.blocked with RabbitMQ's reason and is no longer read; what it
 had already sent is accepted and confirmed; a connection that only consumes
 keeps working. (The disk alarm across a cluster, with unblocking, is
-tests/cluster/test_alarms.py.)"""
+tests/cluster/test_alarms.py.) And the message size limit."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
 import pika
+import pika.exceptions
 import pytest
 
 from .broker_proc import BrokerProcess
@@ -44,3 +45,25 @@ def test_publishers_are_blocked_consumers_are_not(low_memory_broker: BrokerProce
     cch.basic_ack(method.delivery_tag)
     assert cch.queue_declare("mem-q", passive=True).method.message_count == 0
     consumer.close()
+
+
+def test_max_message_size_refuses_a_larger_publish_with_rabbitmqs_text(tmp_path: Path) -> None:
+    """`max_message_size` (RabbitMQ's key): a bigger body closes the channel
+    with 406 and RabbitMQ's text; the connection and smaller messages go on."""
+    b = BrokerProcess(tmp_path / "node", config="max_message_size = 1024\n").start()
+    try:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port))
+        ch = conn.channel()
+        ch.queue_declare("size-q", durable=True, arguments={"x-queue-type": "quorum"})
+        ch.confirm_delivery()
+        ch.basic_publish("", "size-q", b"x" * 1024)  # at the limit: accepted, confirmed
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_publish("", "size-q", b"x" * 2000)
+        assert err.value.reply_code == 406
+        assert err.value.reply_text == (
+            "PRECONDITION_FAILED - message size 2000 is larger than configured max size 1024")
+        ch = conn.channel()
+        assert ch.queue_declare("size-q", passive=True).method.message_count == 1
+        conn.close()
+    finally:
+        b.kill()
