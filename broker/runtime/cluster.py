@@ -176,6 +176,10 @@ class Cluster:
         for peer in self.peers:
             self.transport.send(peer, pw.encode(pw.Join(self.name, host, port)))
 
+    def transport_up(self, peer: str) -> bool:
+        """Our connection to `peer` is up (what liveness tracks)."""
+        return self.transport.is_connected(peer)
+
     def connected(self, peer: str) -> bool:
         return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
 

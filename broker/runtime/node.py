@@ -43,15 +43,12 @@ from .cluster import Cluster, NotLeaderHere
 from .dead_letter import dead_letter_message, dl_cycle
 from .definitions import DefinitionsError, load_definitions_file
 from .errors import QueueGone
+from .liveness import Liveness
 from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
 from .raft_group import ProposalReplaced
-
-#: A peer disconnected for longer than this is treated as down: the messages
-#: its consumers had checked out go back to their queues.
-PEER_DOWN_GRACE_S = 10.0
 
 log = logging.getLogger("broker.node")
 
@@ -90,9 +87,7 @@ class Node:
         self._join_in_progress: dict[str, bool] = {}
         self._join_task: asyncio.Task[None] | None = None
         self.membership = Membership(self)
-        self._down_since: dict[str, float] = {}
-        self._departing: set[str] = set()  # peers the last housekeeping pass found gone
-        self._departed: set[str] = set()  # peers forgotten: they left the cluster for good
+        self.liveness = Liveness(self.node_name, None, self._known_nodes, self._local_channel_open)
         self._housekeeping_task: asyncio.Task[None] | None = None
         self.alarms = Alarms(self.node_name, self.data_dir, config)
         #: resources with an alarm anywhere in the cluster: publishers are blocked
@@ -134,6 +129,7 @@ class Node:
             self.cluster = Cluster(self, seeds, self.config["cluster.bind"],
                                    self.config["cluster.port"], self._cluster_secret(),
                                    server_ssl=server_ssl, client_ssl=client_ssl)
+            self.liveness.cluster = self.cluster
             members = self.cluster.members
             initial = list(self.config["cluster.initial_members"]) or members
             fresh = meta_glog.last_index() == 0 and meta_glog.snapshot_meta() is None
@@ -340,16 +336,10 @@ class Node:
         while True:
             await asyncio.sleep(2.0)
             if self.cluster is not None:
-                now = time.monotonic()
-                for peer in self.cluster.peers:
-                    if self.cluster.transport.is_connected(peer):
-                        self._down_since.pop(peer, None)
-                    else:
-                        self._down_since.setdefault(peer, now)
-                self._forget_departed_peers()
+                self.liveness.observe()
                 if self.alarms.local:
                     self._broadcast_alarms()  # repeated while in effect: a lost one is mended
-                gone = [p for p in self.alarms.remote if self._peer_gone(p)]
+                gone = [p for p in self.alarms.remote if self.liveness.peer_gone(p)]
                 if gone:
                     for p in gone:
                         self.alarms.drop_remote(p)
@@ -390,16 +380,13 @@ class Node:
         for conn in list(self.connections):
             conn.alarms_changed(resources)
 
-    def _forget_departed_peers(self) -> None:
-        """Drop peers that left the cluster for good (`forget_node`: out of
-        the metadata group, no queue member, no recorded address), once two
-        housekeeping passes in a row agree: they vanish from /api/nodes and
-        nothing is sent to them any more, without a restart. A node that
-        comes back joins again (its join records it, which re-adds it)."""
-        assert self.cluster is not None
+    def _known_nodes(self) -> set[str] | None:
+        """Every node the metadata and this node's queue groups name (for
+        Liveness: a peer outside this set left the cluster), or None while
+        this node is not a metadata member itself."""
         config = self.meta.group.node.config
         if self.node_name not in config.members:
-            return  # not (yet) a member here: this node's view is no authority
+            return None
         known = set(config.members)
         for r in self.meta.state.queues.values():
             known.update(r.members)
@@ -410,15 +397,11 @@ class Node:
         for (_vh, component, name), _p in self.meta.state.parameters.items():
             if component == CLUSTER_NODES:
                 known.add(name)
-        gone = {p for p in self.cluster.peers if p not in known}
-        for peer in gone & self._departing:
-            log.info("node %s left the cluster: forgetting it", peer)
-            self.cluster.remove_peer(peer)
-            self._down_since.pop(peer, None)
-            # its channels are gone for good: their consumers go and their
-            # checked-out messages return (channel_gone)
-            self._departed.add(peer)
-        self._departing = gone
+        return known
+
+    def _local_channel_open(self, ref: str) -> bool:
+        return any(ch.ref == ref and not ch.closed
+                   for c in self.connections for ch in c.channels.values())
 
     def _advertised(self) -> tuple[str, int]:
         """Where peers reach this node: the host part of its name and the
@@ -502,40 +485,10 @@ class Node:
             g.campaign()
 
     def channel_gone(self, channel: str) -> bool:
-        """Is the AMQP channel `node|incarnation/conn/ch` gone for good (its node
-        restarted since, or it is a channel of an earlier life of this node)?"""
-        prefix = channel.split("/", 1)[0]
-        node = prefix.split("|", 1)[0]
-        if node == self.node_name:
-            # Here: gone unless one of this node's open channels has that ref
-            # (a consume applied after its channel closed leaves a consumer
-            # nobody else would ever remove).
-            return not any(ch.ref == channel and not ch.closed
-                           for c in self.connections for ch in c.channels.values())
-        if self.cluster is None:
-            return True
-        if node in self._departed and node not in self.cluster.peers:
-            return True  # it left the cluster for good (forget_node)
-        live = self.cluster.incarnations.get(node)
-        return live is not None and live != prefix
-
-    def _peer_gone(self, peer: str) -> bool:
-        """Unreachable for longer than the grace period (or no longer a peer)."""
-        if self.cluster is None or peer not in self.cluster.peers:
-            return True
-        since = self._down_since.get(peer)
-        return since is not None and time.monotonic() - since > PEER_DOWN_GRACE_S
+        return self.liveness.channel_gone(channel)
 
     def channel_dead(self, channel: str) -> bool:
-        """Gone for good, or its node unreachable for longer than the grace
-        period (then only suspected: see QuorumQueue.reap_dead_channels)."""
-        if self.channel_gone(channel):
-            return True
-        node = channel.split("|", 1)[0]
-        if node == self.node_name or self.cluster is None:
-            return False
-        since = self._down_since.get(node)
-        return since is not None and time.monotonic() - since > PEER_DOWN_GRACE_S
+        return self.liveness.channel_dead(channel)
 
     # ------------------------------------------------------------ forwarding
     def queue_leader(self, vhost: str, name: str) -> str | None:
