@@ -47,6 +47,7 @@ from .liveness import Liveness
 from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
+from .placement import place
 from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
 from .raft_group import ProposalReplaced
 
@@ -959,35 +960,13 @@ class Node:
         return reply
 
     def _place(self, quorum: bool, arguments: dict[str, Any]) -> tuple[tuple[md.NodeName, ...], md.NodeName]:
-        """Members and leader of a new queue. Quorum queues get
-        x-quorum-initial-group-size (default quorum_queue.initial_cluster_size)
-        members, capped at the cluster size, always including this node; the
-        others are the nodes hosting the fewest queue members. The leader is
-        this node (client-local) or the member leading the fewest queues
-        (balanced)."""
-        me = md.NodeName(self.node_name)
-        if not quorum or self.cluster is None:
-            return (me,), me
-        nodes = self.cluster.members
-        size = arguments.get("x-quorum-initial-group-size") or self.config["quorum_queue.initial_cluster_size"]
-        size = max(1, min(int(size), len(nodes)))
-        load = {n: 0 for n in nodes}
-        leaders = {n: 0 for n in nodes}
-        for r in self.meta.state.queues.values():
-            for m in r.members:
-                if m in load:
-                    load[m] += 1
-            if r.leader in leaders:
-                leaders[r.leader] += 1
-        others = sorted((n for n in nodes if n != me),
-                        key=lambda n: (not self.cluster.transport.is_connected(n), load[n], n))  # type: ignore[union-attr]
-        members = (me, *[md.NodeName(n) for n in others[: size - 1]])
-        locator = arguments.get("x-queue-leader-locator") or self.config["queue_leader_locator"]
-        if locator == "balanced":
-            leader = min(members, key=lambda n: (leaders.get(n, 0), n != me, n))
-        else:
-            leader = me
-        return members, md.NodeName(leader)
+        """Members and leader of a new queue (runtime/placement.py)."""
+        c = self.cluster
+        return place(self.node_name, c.members if c is not None else [self.node_name],
+                     c.transport.is_connected if c is not None else (lambda n: False),
+                     self.meta.state.queues.values(), arguments, quorum=quorum,
+                     default_size=self.config["quorum_queue.initial_cluster_size"],
+                     default_locator=self.config["queue_leader_locator"])
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool,
                            owner: str | None) -> tuple[Any, int]:

@@ -1,0 +1,50 @@
+"""Where a new queue's members and leader go: a pure function of the cluster
+as this node sees it.
+
+Where it sits: `Node.declare_queue` calls `place` with the cluster's nodes,
+which of them are connected, the queue records of the metadata and the
+declaration's arguments; the result goes into the `DeclareQueue` command.
+
+Quorum queues get `x-quorum-initial-group-size` members (default
+`quorum_queue.initial_cluster_size`), capped at the cluster size, always
+including the declaring node; the others are the connected nodes hosting
+the fewest queue members (then the unreachable ones, by name). The leader
+is the declaring node (`client-local`) or the member leading the fewest
+queues (`balanced`, ties to the declaring node). Classic queues live on the
+declaring node only.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+from broker import metadata as md
+
+
+def place(me: str, nodes: Collection[str], connected: Callable[[str], bool],
+          records: Iterable[md.QueueRecord], arguments: dict[str, Any], *, quorum: bool,
+          default_size: int, default_locator: str) -> tuple[tuple[md.NodeName, ...], md.NodeName]:
+    node = md.NodeName(me)
+    if not quorum or len(nodes) <= 1:
+        return (node,), node
+    size = arguments.get("x-quorum-initial-group-size") or default_size
+    size = max(1, min(int(size), len(nodes)))
+    load = {n: 0 for n in nodes}
+    leaders = {n: 0 for n in nodes}
+    for r in records:
+        for m in r.members:
+            if m in load:
+                load[m] += 1
+        if r.leader in leaders:
+            leaders[r.leader] += 1
+    others = sorted((n for n in nodes if n != me), key=lambda n: (not connected(n), load[n], n))
+    members = (node, *[md.NodeName(n) for n in others[: size - 1]])
+    locator = arguments.get("x-queue-leader-locator") or default_locator
+    if locator == "balanced":
+        leader = min(members, key=lambda n: (leaders.get(n, 0), n != me, n))
+    else:
+        leader = node
+    return members, md.NodeName(leader)
+
+
+__all__ = ["place"]
