@@ -654,16 +654,10 @@ async def put_queue(request: web.Request) -> web.Response:
         arguments.setdefault("x-queue-type", body["type"])
     if "node" in body:
         known_node(c.node, body["node"])
-    try:
-        reply = await c.node.declare_queue(
-            vhost, name, durable=body.get("durable", True), exclusive_owner=None,
-            auto_delete=body.get("auto_delete", False), arguments=arguments, passive=False,
-            server_named=False, method=None)
-    except Exception as exc:
-        code, text = getattr(exc, "code", None), getattr(exc, "text", None)
-        if isinstance(code, int) and isinstance(text, str):
-            raise md_error(md.MetadataError(code, text)) from None
-        raise
+    reply = await c.node.declare_queue(
+        vhost, name, durable=body.get("durable", True), exclusive_owner=None,
+        auto_delete=body.get("auto_delete", False), arguments=arguments, passive=False,
+        server_named=False)
     if isinstance(reply, md.MetadataError):
         raise md_error(reply)
     created = bool(getattr(reply, "created", True))

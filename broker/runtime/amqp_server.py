@@ -39,6 +39,7 @@ from broker.queue.config import amqp_type_name, consumer_timeout_ms
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
 
 from .alarms import blocked_reason
+from .declarations import reply_detail
 from .publish import PublisherSession
 from .queues import Message, QueueProcess, QueueUid
 
@@ -164,12 +165,6 @@ class ChannelError(Exception):
 
 class ConnectionError_(ChannelError):
     """A hard error: closes the whole connection."""
-
-
-def reply_detail(reply_text: str) -> str:
-    """'NAME - detail' -> 'detail' (the codec adds the NAME prefix back)."""
-    head, sep, tail = reply_text.partition(" - ")
-    return tail if sep and head.isupper() else reply_text
 
 
 def _raise_md(err: md.MetadataError, method: Any) -> None:
@@ -390,7 +385,7 @@ class Channel:
         reply = await node.declare_queue(
             self._vhost(), name, durable=bool(m.durable), exclusive_owner=self.conn.id if m.exclusive else None,
             auto_delete=bool(m.auto_delete), arguments=args, passive=bool(m.passive),
-            server_named=server_named, method=m)
+            server_named=server_named)
         if isinstance(reply, md.MetadataError):
             _raise_md(reply, m)
         record = reply.record

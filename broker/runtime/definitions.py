@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from broker import metadata as md
 
-from .amqp_server import ChannelError
-
 if TYPE_CHECKING:
     from .node import Node
 
@@ -212,13 +210,10 @@ async def load_definitions_file(node: Node, path: str) -> None:
         check(await node.meta_execute(cmd), type(cmd).__name__)
     for q in plan.queues:
         what = f"queue '{q.name}' in vhost '{q.vhost}'"
-        try:
-            reply = await node.declare_queue(
-                q.vhost, q.name, durable=q.durable, exclusive_owner=None, auto_delete=q.auto_delete,
-                arguments=dict(q.arguments), passive=False, server_named=False, method=None)
-        except ChannelError as exc:  # invalid quorum-queue arguments
-            raise DefinitionsError(f"definitions file {path}: {what} refused: {exc.text}") from None
-        check(reply, what)
+        reply = await node.declare_queue(
+            q.vhost, q.name, durable=q.durable, exclusive_owner=None, auto_delete=q.auto_delete,
+            arguments=dict(q.arguments), passive=False, server_named=False)
+        check(reply, what)  # invalid quorum-queue arguments are refused like the rest
     for b in plan.bindings:
         check(await node.meta_execute(b), f"binding of '{b.destination}' to '{b.source}'")
     for cmd in plan.cleanup:

@@ -35,19 +35,19 @@ from broker.raft import RaftConfig
 from . import peer_wire as pw
 from . import wire
 from .alarms import Alarms
-from .amqp_server import AmqpConnection, reply_detail
+from .amqp_server import AmqpConnection
 from .backoff import Backoff
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
 from .cluster import Cluster, NotLeaderHere
 from .dead_letter import dead_letter_message, dl_cycle
+from .declarations import Declarations, qq_args
 from .definitions import DefinitionsError, load_definitions_file
 from .errors import QueueGone
 from .liveness import Liveness
 from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
-from .placement import place
 from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
 from .raft_group import ProposalReplaced
 
@@ -81,7 +81,6 @@ class Node:
         # durable classic queues on this node, by storage group id (runtime/classic.py)
         self._classic_logs: dict[str, DurableClassicQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server_names = 0
         self._auto_delete_pending: set[tuple[str, str]] = set()
         self.port = 0
         self.cluster: Cluster | None = None
@@ -89,6 +88,7 @@ class Node:
         self._join_task: asyncio.Task[None] | None = None
         self.membership = Membership(self)
         self.liveness = Liveness(self.node_name, None, self._known_nodes, self._local_channel_open)
+        self.declarations = Declarations(self)
         self._housekeeping_task: asyncio.Task[None] | None = None
         self.alarms = Alarms(self.node_name, self.data_dir, config)
         #: resources with an alarm anywhere in the cluster: publishers are blocked
@@ -706,7 +706,7 @@ class Node:
         state = self.meta.state
         args = md.thaw_table(record.arguments)
         if record.type == "quorum":
-            args = _qq_args(args)
+            args = qq_args(args)
             pol = md.queue_policy(state, record)
             opol = md.queue_operator_policy(state, record)
             return qm.parse_queue_arguments(
@@ -920,86 +920,48 @@ class Node:
         self.queue_command_reliable(q.uid, qm.UpdateConfig(config))
 
     # ------------------------------------------------------------ declarations
-    def server_queue_name(self) -> str:
-        self._server_names += 1
-        return f"amq.gen-{os.urandom(12).hex()}"
+    # (runtime/declarations.py; these are the node's side of DeclarationsHost
+    # and the entry points its callers use)
+    @property
+    def meta_state(self) -> md.MetadataState:
+        return self.meta.state
 
-    async def declare_queue(self, vhost: str, name: str, *, durable: bool, exclusive_owner: str | None,
-                            auto_delete: bool, arguments: dict[str, Any], passive: bool,
-                            server_named: bool, method: Any) -> Any:
-        from .amqp_server import ChannelError
+    def cluster_nodes(self) -> list[str]:
+        return list(self.cluster.members) if self.cluster is not None else [self.node_name]
 
-        state = self.meta.state
-        existing = self.queue_record(vhost, name)
-        qtype = arguments.get("x-queue-type")
-        if qtype is None and existing is None and not passive:
-            vh = state.vhosts.get(md.VhostName(vhost))
-            qtype = (getattr(vh, "default_queue_type", None) or self.config["default_queue_type"])
-            if exclusive_owner is not None or server_named or not durable or auto_delete:
-                # temporaries (exclusive, server-named, transient, auto-delete) stay
-                # classic when quorum is the default, as in RabbitMQ 3.12+/4.x
-                qtype = "classic"
-            arguments = {**arguments, "x-queue-type": qtype} if qtype == "quorum" else arguments
-        if qtype == "quorum" and not passive and existing is None:
-            try:
-                qm.parse_queue_arguments(_qq_args(arguments), name, vhost)
-            except qm.QueueArgumentError as exc:
-                raise ChannelError(exc.reply_code, reply_detail(exc.reply_text), method) from None
-        members, leader = self._place(qtype == "quorum" and existing is None, arguments)
-        cmd = md.DeclareQueue(
-            md.VhostName(vhost), md.QueueName(name), durable, exclusive_owner, auto_delete,
-            md.freeze_table(arguments), passive, server_named, members, leader,
-            self.config["quorum_queue.property_equivalence.relaxed_checks_on_redeclaration"])
-        reply = await self.meta.execute(cmd)
-        if isinstance(reply, md.MetadataError):
-            return reply
-        q = self.queue(vhost, name)
+    def peer_connected(self, node: str) -> bool:
+        return self.cluster is not None and self.cluster.transport.is_connected(node)
+
+    async def wait_for_leader(self, q: Any, vhost: str, name: str) -> None:
         if isinstance(q, QuorumQueue):
             await self._wait(lambda: q.leader_node is not None and (q.group.leader is not None)
                              or q.deleted, 30, f"queue '{name}' in vhost '{vhost}' has no leader")
-        return reply
 
-    def _place(self, quorum: bool, arguments: dict[str, Any]) -> tuple[tuple[md.NodeName, ...], md.NodeName]:
-        """Members and leader of a new queue (runtime/placement.py)."""
-        c = self.cluster
-        return place(self.node_name, c.members if c is not None else [self.node_name],
-                     c.transport.is_connected if c is not None else (lambda n: False),
-                     self.meta.state.queues.values(), arguments, quorum=quorum,
-                     default_size=self.config["quorum_queue.initial_cluster_size"],
-                     default_locator=self.config["queue_leader_locator"])
+    def server_queue_name(self) -> str:
+        return self.declarations.server_queue_name()
+
+    async def declare_queue(self, vhost: str, name: str, *, durable: bool, exclusive_owner: str | None,
+                            auto_delete: bool, arguments: dict[str, Any], passive: bool,
+                            server_named: bool) -> Any:
+        return await self.declarations.declare_queue(
+            vhost, name, durable=durable, exclusive_owner=exclusive_owner, auto_delete=auto_delete,
+            arguments=arguments, passive=passive, server_named=server_named)
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool,
                            owner: str | None) -> tuple[Any, int]:
-        q = self.queue(vhost, name)
-        consumers = len(q.consumers) if q is not None else 0
-        # RabbitMQ counts ready messages (if-empty and delete-ok), not unacked ones
-        count = q.overview().get("messages_ready", 0) if q is not None else 0
-        reply = await self.meta.execute(md.DeleteQueue(
-            md.VhostName(vhost), md.QueueName(name), if_unused, if_empty, consumers, count, owner))
-        return reply, count
+        return await self.declarations.delete_queue(vhost, name, if_unused, if_empty, owner)
 
     async def maybe_auto_delete(self, q: QueueProcess) -> None:
-        record = self.queue_record(q.vhost, q.name)
-        if record is None or not record.auto_delete or q.consumers or q.deleted:
-            return
-        await self.meta.execute(md.DeleteQueue(md.VhostName(q.vhost), md.QueueName(q.name)))
+        await self.declarations.maybe_auto_delete(q)
 
     def schedule_auto_delete_check(self, q: QueueProcess) -> None:
-        record = self.queue_record(q.vhost, q.name)
-        if record is None or not record.auto_delete or q.consumers:
-            return
-        # RabbitMQ deletes an auto-delete queue when its last consumer goes,
-        # never before it had one.
-        if q.had_consumer:
-            asyncio.ensure_future(self.maybe_auto_delete(q))
+        self.declarations.schedule_auto_delete_check(q)
 
     def connection_closed(self, conn_id: str) -> None:
-        """Exclusive queues of a closed connection are deleted."""
-        if any(r.exclusive_owner == conn_id for r in self.meta.state.queues.values()):
-            asyncio.ensure_future(self.meta.execute(md.DeleteExclusiveQueues(conn_id)))
+        self.declarations.connection_closed(conn_id)
 
     def queue_expired(self, vhost: str, name: str) -> None:
-        asyncio.ensure_future(self.meta.execute(md.DeleteQueue(md.VhostName(vhost), md.QueueName(name))))
+        self.declarations.queue_expired(vhost, name)
 
     # ------------------------------------------------------------ queue commands
     def live_queue(self, uid: QueueUid) -> QueueProcess | None:
@@ -1104,16 +1066,6 @@ def _durable_classic(record: md.QueueRecord) -> bool:
     durable ones, auto-delete or not; exclusive queues go with their
     connection)."""
     return record.type != "quorum" and record.durable and record.exclusive_owner is None
-
-
-def _qq_args(args: dict[str, Any]) -> dict[str, Any]:
-    """RabbitMQ accepts x-overflow=reject-publish-dlx on a quorum queue, logs a
-    warning and uses the default (drop-head) (rabbit_quorum_queue:overflow/3);
-    broker.queue refuses it, so it is dropped before parsing. The stored
-    arguments keep it (redeclarations compare them)."""
-    if args.get("x-overflow") in ("reject-publish-dlx", b"reject-publish-dlx"):
-        return {k: v for k, v in args.items() if k != "x-overflow"}
-    return args
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
