@@ -22,6 +22,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	./scripts/ensure-rabbitmq
+	./scripts/ensure-chromium
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -31,6 +31,7 @@ import re
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -223,7 +224,11 @@ async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamR
         check_query(request, match.route.handler)
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.error, exc.reason)
+        resp = error_response(exc.status, exc.error, exc.reason)
+        if exc.status == 401 and request.headers.get("X-Requested-With") == "XMLHttpRequest":
+            # the web UI asks: it shows its own login form, not the browser's dialog
+            del resp.headers["WWW-Authenticate"]
+        return resp
     except web.HTTPException as exc:
         if exc.status >= 400:
             resp = error_response(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason)
@@ -286,6 +291,12 @@ def authenticate(request: web.Request, node: Any) -> Ctx:
 
 
 # ---------------------------------------------------------------- overview, nodes
+async def whoami(request: web.Request) -> web.Response:
+    """RabbitMQ's `GET /api/whoami`: the authenticated user and its tags."""
+    c = ctx(request)
+    return web.json_response({"name": c.name, "tags": sorted(c.tags)})
+
+
 async def overview(request: web.Request) -> web.Response:
     c = ctx(request)
     node = c.node
@@ -1333,6 +1344,7 @@ def _public(handler: Handler) -> Handler:
 
 ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/overview", overview),
+    ("GET", "/api/whoami", whoami),
     ("GET", "/api/nodes", list_nodes),
     ("GET", "/api/nodes/{node}", get_node),
     ("DELETE", "/api/nodes/{node}", forget_node),
@@ -1399,10 +1411,37 @@ ROUTES: list[tuple[str, str, Handler]] = [
 ]
 
 
+# ---------------------------------------------------------------- the web UI
+UI_DIR = Path(__file__).resolve().parent / "ui"
+_UI_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css",
+             ".svg": "image/svg+xml", ".png": "image/png"}
+
+
+@_public
+async def ui_root(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/ui/")
+
+
+@_public
+async def ui_file(request: web.Request) -> web.StreamResponse:
+    """The UI's static files (broker/mgmt/ui/, committed, no build step): the
+    login page needs no authentication; every API call it makes does."""
+    name = request.match_info.get("file") or "index.html"
+    path = (UI_DIR / name).resolve()
+    if path.parent != UI_DIR or not path.is_file() or path.suffix not in _UI_TYPES:
+        raise ApiError(404, f"no UI file '{name}'", error="Object Not Found")
+    return web.Response(body=path.read_bytes(), content_type=_UI_TYPES[path.suffix],
+                        headers={"Cache-Control": "no-cache"})
+
+
 def make_app(node: Any) -> web.Application:
-    """The management application over a started node."""
+    """The management application over a started node: the API (ROUTES,
+    documented in openapi.py) and the web UI under /ui/."""
     app = web.Application(middlewares=[errors_and_auth], client_max_size=1 << 20)
     app[NODE_KEY] = node
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
+    app.router.add_route("GET", "/", ui_root)
+    app.router.add_route("GET", "/ui/", ui_file)
+    app.router.add_route("GET", "/ui/{file}", ui_file)
     return app

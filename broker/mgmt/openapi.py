@@ -322,6 +322,9 @@ for _kind, _doc in (("policies", "policy"), ("operator-policies", "operator poli
 
 PATHS: dict[str, Any] = {
     "/api/overview": {"get": _op("cluster overview", {"200": _json(_ref("Overview"), "overview")})},
+    "/api/whoami": {"get": _op("the authenticated user and its tags", {"200": _json(
+        {"type": "object", "required": ["name", "tags"],
+         "properties": {"name": _STR, "tags": {"type": "array", "items": _STR}}}, "the user")})},
     "/api/nodes": {"get": _op("cluster nodes", {"200": _json(_list_of("Node"), "list")})},
     "/api/nodes/{node}": {
         "get": _op("one node", {"200": _json(_ref("Node"), "node")}, ("node",)),
