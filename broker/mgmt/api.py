@@ -916,6 +916,21 @@ async def delete_member(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def transfer_leader(request: web.Request) -> web.Response:
+    """Move the queue's leadership to the member on `node` (Raft leadership
+    transfer; answered once the new leader is known)."""
+    c = ctx(request)
+    c.need_admin()
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    record = queue_record(c, vhost, name)
+    body = await json_body(request, {"node": str}, required=("node",))
+    known_node(c.node, body["node"])
+    if record.type != "quorum":
+        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
+    await call_membership(membership(c.node).transfer_leader(vhost, name, body["node"]))
+    return web.Response(status=204)
+
+
 async def _long_operation(request: web.Request, run: Callable[[Callable[[dict[str, Any]], None] | None],
                                                                 Awaitable[Any]]) -> web.StreamResponse:
     """Run a long membership operation. With ``?progress=true`` the response is
@@ -1388,6 +1403,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/queues/{vhost}/{name}/quorum-status", quorum_status),
     ("POST", "/api/queues/{vhost}/{name}/members", add_member),
     ("DELETE", "/api/queues/{vhost}/{name}/members/{node}", delete_member),
+    ("POST", "/api/queues/{vhost}/{name}/leader", transfer_leader),
     ("POST", "/api/quorum-queues/grow", grow),
     ("POST", "/api/quorum-queues/shrink", shrink),
     ("POST", "/api/quorum-queues/rebalance", rebalance),

@@ -419,6 +419,9 @@ PATHS: dict[str, Any] = {
     "/api/queues/{vhost}/{name}/members": {"post": _op(
         "add a member on a node", {"204": _NO_CONTENT}, VQ, body="AddMember",
         tag="quorum queues")},
+    "/api/queues/{vhost}/{name}/leader": {"post": _op(
+        "move the queue's leadership to the member on a node", {"204": _NO_CONTENT}, VQ,
+        body="AddMember", tag="quorum queues")},
     "/api/queues/{vhost}/{name}/members/{node}": {"delete": _op(
         "remove the member on a node (refused when it would lose quorum, unless forced)",
         {"204": _NO_CONTENT}, ("vhost", "name", "node"),

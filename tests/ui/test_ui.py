@@ -142,6 +142,14 @@ def test_overview_queues_and_queue_detail(page: Page, cluster: MgmtCluster, arti
     shot(page, artifacts, "queue-detail")
     wait_for(lambda: api.get("/api/queues/%2F/ui-q0")[1]["messages"] == 0, what="queue emptied by get")
 
+    # leadership moves to a follower the UI names
+    follower = page.locator("#members tr", has_text="follower").first
+    target = follower.locator("td").first.inner_text()
+    follower.get_by_role("button", name="Make leader").click()
+    expect(page.locator("#notice")).to_contain_text(f"Leadership moved to {target}.")
+    wait_for(lambda: api.get("/api/queues/%2F/ui-q0")[1]["leader"] == target, what="new leader")
+    expect(page.locator("#queue-leader")).to_have_text(target)
+
     # purge: publish through a client, purge in the UI
     for i in range(4):
         ch.basic_publish("", "ui-q0", b"p%d" % i)

@@ -282,7 +282,8 @@ async function queue(view, [vhost, name]) {
       { label: "Match", html: (m) => esc(m.match_index ?? ""), num: true },
       { label: "Lag", html: (m) => m.match_index == null ? "" : String(Math.max(0, leaderCommit - m.match_index)), num: true },
       { label: "Online", html: (m) => m.online ? '<span class="ok">yes</span>' : '<span class="bad">no</span>' },
-      { label: "", html: (m) => m.raft_state === "leader" ? "" : `<button type="button" class="danger" data-remove="${esc(m.node)}">Remove member</button>` },
+      { label: "", html: (m) => m.raft_state === "leader" ? "" : `<button type="button" data-leader="${esc(m.node)}">Make leader</button>
+        <button type="button" class="danger" data-remove="${esc(m.node)}">Remove member</button>` },
     ], status, { id: "members" })}
     <form class="inline" id="add-member"><label>Node <select id="add-member-node" name="node">${nonMembers.map((n) => `<option>${esc(n)}</option>`).join("")}</select></label>
       <button type="submit" ${nonMembers.length ? "" : "disabled"}>Add member</button><span class="error" role="alert"></span></form>` : ""}
@@ -321,6 +322,12 @@ async function queue(view, [vhost, name]) {
     notice(`Member ${fd.get("node")} added.`);
     await queue(view, [vhost, name]);
   });
+  for (const b of view.querySelectorAll("button[data-leader]")) {
+    b.addEventListener("click", async () => {
+      try { await api("POST", `${path}/leader`, { node: b.dataset.leader }); notice(`Leadership moved to ${b.dataset.leader}.`); await queue(view, [vhost, name]); }
+      catch (e) { notice(e.message); }
+    });
+  }
   for (const b of view.querySelectorAll("button[data-remove]")) {
     b.addEventListener("click", async () => {
       if (!confirm(`Remove member ${b.dataset.remove} from queue '${name}'?`)) return;
