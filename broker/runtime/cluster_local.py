@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             "  ch = conn.channel(); ch.confirm_delivery()\n"
             "  ch.queue_declare('orders', durable=True, arguments={'x-queue-type': 'quorum'})\n"
             "  ch.basic_publish('', 'orders', b'hello')\n"
-            "\nPress Ctrl-C to stop all nodes.",
+            + "\nManagement UI and API (guest/guest): "
+            + ", ".join(f"http://{args.host}:{15672 + i}/" for i in range(NODES))
+            + "\n\nPress Ctrl-C to stop all nodes.",
             flush=True,
         )
     while not stop:
