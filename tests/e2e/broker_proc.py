@@ -35,6 +35,8 @@ def _port_range() -> tuple[int, int]:
 
 
 _PORT_LOCKS = Path("/tmp/qq-test-ports")
+#: ports `make run` uses (its peer ports fall in the range above): never handed out
+_RESERVED = frozenset({25672, 25673, 25674})
 _held: list[int] = []  # lock fds, held for this process's life
 _next_port: list[int] = []
 
@@ -56,6 +58,8 @@ def free_port() -> int:
     for _ in range(hi - lo):
         port = _next_port[0]
         _next_port[0] = lo + (port + 1 - lo) % (hi - lo)
+        if port in _RESERVED:
+            continue
         fd = os.open(_PORT_LOCKS / str(port), os.O_CREAT | os.O_RDWR, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
