@@ -1083,6 +1083,13 @@ class ServerConnection:
 
     # ------------------------------------------------------------ time
 
+    def keepalive(self) -> None:
+        """The server stopped reading this connection on purpose (flow control,
+        a resource alarm): the client's silence says nothing about it, so the
+        missed-heartbeat check counts this tick as heard from (RabbitMQ pauses
+        its heartbeat monitor while a connection is blocked, too)."""
+        self._received = True
+
     def tick(self, now: float) -> TickResult:
         """Heartbeat bookkeeping; `now` is a monotonic time in seconds.
 

@@ -1305,6 +1305,8 @@ class AmqpConnection(asyncio.Protocol):
     def _tick(self) -> None:
         if self.closed:
             return
+        if self.paused:  # not reading on purpose: its heartbeats wait in the socket
+            self.amqp.keepalive()
         result = self.amqp.tick(asyncio.get_running_loop().time())
         self.write(result.data)
         now = time.monotonic()

@@ -30,7 +30,9 @@ def test_publishers_are_blocked_consumers_are_not(low_memory_broker: BrokerProce
     cch = consumer.channel()
     cch.queue_declare("mem-q", durable=True, arguments={"x-queue-type": "quorum"})
 
-    publisher = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    # heartbeat 1 s: a blocked connection is not read, yet it must not be closed
+    # for "missed heartbeats" (its heartbeats wait unread in the socket)
+    publisher = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port, heartbeat=1))
     reasons: list[str] = []
     publisher.add_on_connection_blocked_callback(lambda _c, m: reasons.append(m.method.reason))
     pch = publisher.channel()
@@ -38,6 +40,8 @@ def test_publishers_are_blocked_consumers_are_not(low_memory_broker: BrokerProce
     pch.basic_publish("", "mem-q", b"accepted", pika.BasicProperties(delivery_mode=2))  # confirmed
     publisher.process_data_events(1)
     assert reasons == ["low on memory"]
+    publisher.process_data_events(4)  # > 2 heartbeat intervals while blocked
+    assert publisher.is_open
 
     # the consumer's connection was never blocked: it gets the message and acks it
     method, _props, body = cch.basic_get("mem-q")
