@@ -1065,7 +1065,6 @@ class ServerConnection:
         caps = self.client_properties.get("capabilities")
         return isinstance(caps, dict) and caps.get(capability) is True
 
-    _client_has = client_has  # kept for callers written against the first version
 
     def send_blocked(self, reason: str = "low on memory") -> bytes:
         """connection.blocked, only to clients with the connection.blocked capability

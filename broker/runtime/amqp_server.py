@@ -571,7 +571,7 @@ class Channel:
 
     def server_cancel(self, c: Consumer) -> None:
         if self.consumers.pop(c.tag, None) is not None and not self.closed:
-            if self.conn.amqp._client_has("consumer_cancel_notify"):
+            if self.conn.amqp.client_has("consumer_cancel_notify"):
                 self.send(C.Basic.Cancel(consumer_tag=c.tag, nowait=True))
             self.conn.flush()
 

@@ -1351,11 +1351,6 @@ class LogManager:
             self._corrupt.setdefault(gid, reason)
 
     # ----- segments io
-    def _write_segments(
-        self, segdir: str, chunks: list[list[Entry]], reset: bool, seqs: list[int]
-    ) -> list[_SegFile]:
-        return self._write_segment_jobs([(segdir, chunks, reset, seqs)])[0]
-
     def _write_segment_jobs(
         self, jobs: list[tuple[str, list[list[Entry]], bool, list[int]]]
     ) -> list[list[_SegFile]]:
