@@ -4,9 +4,9 @@ Two real operator processes (`python -m quorumq_operator`, the image's entry
 point, plus the test's login plugin) with the same peering name and
 different priorities run against the stand-in API; the peering object is
 the chart's (`crds/kopf-peering.yaml`). The higher-priority replica handles
-a new QuorumQueue while the other stays paused; once it stops, the other
-takes over and handles the next one. What each did is read from its log and
-from the broker's real state.
+a new QuorumQueue while the other, which was active alone before, yields and
+stays paused; once it stops, the other takes over and handles the next one.
+What each did is read from its log and from the broker's real state.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from .conftest import GROUP, NS, KubeApi, OpCluster, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 RESUMED = "Resuming operations after the pause"  # kopf's log line when a replica may act
+PAUSING = "Pausing operations in favour of"  # ... and when it yields to another
 
 
 class Replica:
@@ -51,6 +52,17 @@ class Replica:
         return any(f"[{NS}/{queue}]" in line and "Handler" in line and "succeeded" in line
                    for line in self.log().splitlines())
 
+    def active(self) -> bool:
+        """Every replica starts paused; kopf logs each change of its mind.
+        Active = the last such line says it resumed."""
+        state = False
+        for line in self.log().splitlines():
+            if RESUMED in line:
+                state = True
+            elif PAUSING in line:
+                state = False
+        return state
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -75,8 +87,13 @@ def replicas(kube: KubeApi, brokers: OpCluster, tmp_path: Path) -> Iterator[list
         kube.create(m.pod(sts, i))
     kube.create({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
                  "metadata": {"name": "quorumq", "namespace": NS}, "status": {}})
-    reps = [Replica("high", 100, kube, tmp_path), Replica("low", 50, kube, tmp_path)]
+    # the low-priority replica starts alone and is active; the high one
+    # joins later, and the low one must yield to it
+    low = Replica("low", 50, kube, tmp_path)
+    reps = [low]
     try:
+        wait_for(low.active, 60, "the lone low replica active", interval=0.2)
+        reps.insert(0, Replica("high", 100, kube, tmp_path))
         yield reps
     finally:
         for r in reps:
@@ -95,19 +112,21 @@ def test_only_the_higher_priority_replica_acts_and_the_other_takes_over(
     peers = wait_for(lambda: (p := _peers(kube)) and len(p) == 2 and p, 60,
                      "both replicas in the peering object")
     assert sorted(int(v["priority"]) for v in peers.values()) == [50, 100]
-    # every replica starts paused; only the highest-priority one resumes
-    wait_for(lambda: RESUMED in high.log(), 60, "the high replica resumed", interval=0.2)
+    # once both see each other only the highest-priority one is active
+    wait_for(lambda: high.active() and not low.active(), 60, "only the high replica active",
+             interval=0.2)
+    assert PAUSING in low.log()  # it yielded
 
     kube.create(m.quorum_queue("peer-one", NS))
     wait_for(lambda: brokers.apis[0].queue("peer-one"), 60, "peer-one declared in the broker")
     wait_for(lambda: high.handled("peer-one"), 30, "the high replica handled peer-one")
     assert not low.handled("peer-one"), low.log()[-3000:]
-    assert RESUMED not in low.log()  # still paused while the high replica is alive
+    assert not low.active()  # still paused while the high replica is alive
 
     # the active replica goes away: the other resumes and acts
     high.stop()
     wait_for(lambda: len(_peers(kube)) == 1, 60, "the stopped replica left the peering object")
-    wait_for(lambda: RESUMED in low.log(), 60, "the low replica resumed", interval=0.2)
+    wait_for(low.active, 60, "the low replica resumed", interval=0.2)
     kube.create(m.quorum_queue("peer-two", NS))
     wait_for(lambda: brokers.apis[0].queue("peer-two"), 60, "peer-two declared by the remaining replica")
     wait_for(lambda: low.handled("peer-two"), 30, "the low replica handled peer-two")
