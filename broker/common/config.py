@@ -134,6 +134,19 @@ class Setting:
     is_list: bool = False
 
 
+def _tls_settings(prefix: str, listener: str) -> tuple[Setting, ...]:
+    """The TLS keys of one listener (RabbitMQ's names, broker/common/tls.py)."""
+    return (
+        Setting(f"{prefix}.certfile", _str, "", f"{listener}'s certificate (PEM)"),
+        Setting(f"{prefix}.keyfile", _str, "", "its private key (PEM)"),
+        Setting(f"{prefix}.cacertfile", _str, "", "CA bundle client certificates are verified against"),
+        Setting(f"{prefix}.verify", _choice("verify_none", "verify_peer"), "verify_none",
+                "verify_peer: ask clients for a certificate and verify it"),
+        Setting(f"{prefix}.fail_if_no_peer_cert", _bool, False,
+                "with verify_peer: refuse clients that present no certificate"),
+    )
+
+
 SETTINGS: tuple[Setting, ...] = (
     # node identity and listeners
     Setting("node.name", _str, "rabbit@localhost", "this node's name, stable across restarts"),
@@ -144,35 +157,17 @@ SETTINGS: tuple[Setting, ...] = (
             "`none` turns the plain AMQP listener off (TLS only)"),
     Setting("listeners.ssl.default", _int(0, 65535), 0, "AMQP over TLS port (0: off; RabbitMQ uses 5671)"),
     Setting("listeners.ssl.bind", _str, "0.0.0.0", "AMQP over TLS bind address"),
-    Setting("ssl_options.certfile", _str, "", "the AMQP TLS listener's certificate (PEM)"),
-    Setting("ssl_options.keyfile", _str, "", "its private key (PEM)"),
-    Setting("ssl_options.cacertfile", _str, "", "CA bundle client certificates are verified against"),
-    Setting("ssl_options.verify", _choice("verify_none", "verify_peer"), "verify_none",
-            "verify_peer: ask clients for a certificate and verify it"),
-    Setting("ssl_options.fail_if_no_peer_cert", _bool, False,
-            "with verify_peer: refuse clients that present no certificate"),
+    *_tls_settings("ssl_options", "the AMQP TLS listener"),
     Setting("management.tcp.port", _int(0, 65535), 15672, "management HTTP API port (0: off)"),
     Setting("management.tcp.bind", _str, "0.0.0.0", "management HTTP API bind address"),
     Setting("management.ssl.port", _int(0, 65535), 0, "management API over HTTPS port (0: off; RabbitMQ uses 15671)"),
     Setting("management.ssl.bind", _str, "0.0.0.0", "management HTTPS bind address"),
-    Setting("management.ssl.certfile", _str, "", "management HTTPS certificate (PEM)"),
-    Setting("management.ssl.keyfile", _str, "", "its private key (PEM)"),
-    Setting("management.ssl.cacertfile", _str, "", "CA bundle client certificates are verified against"),
-    Setting("management.ssl.verify", _choice("verify_none", "verify_peer"), "verify_none",
-            "verify_peer: ask HTTPS clients for a certificate and verify it"),
-    Setting("management.ssl.fail_if_no_peer_cert", _bool, False,
-            "with verify_peer: refuse HTTPS clients that present no certificate"),
+    *_tls_settings("management.ssl", "the management HTTPS listener"),
     Setting("prometheus.tcp.port", _int(0, 65535), 15692, "Prometheus metrics port (0: off)"),
     Setting("prometheus.tcp.bind", _str, "0.0.0.0", "Prometheus metrics bind address"),
     Setting("prometheus.ssl.port", _int(0, 65535), 0, "metrics over HTTPS port (0: off; RabbitMQ uses 15691)"),
     Setting("prometheus.ssl.bind", _str, "0.0.0.0", "metrics HTTPS bind address"),
-    Setting("prometheus.ssl.certfile", _str, "", "metrics HTTPS certificate (PEM)"),
-    Setting("prometheus.ssl.keyfile", _str, "", "its private key (PEM)"),
-    Setting("prometheus.ssl.cacertfile", _str, "", "CA bundle client certificates are verified against"),
-    Setting("prometheus.ssl.verify", _choice("verify_none", "verify_peer"), "verify_none",
-            "verify_peer: ask scrapers for a certificate and verify it"),
-    Setting("prometheus.ssl.fail_if_no_peer_cert", _bool, False,
-            "with verify_peer: refuse scrapers that present no certificate"),
+    *_tls_settings("prometheus.ssl", "the metrics HTTPS listener"),
     Setting("cluster.port", _int(1, 65535), 25672, "peer transport port"),
     Setting("cluster.bind", _str, "0.0.0.0", "peer transport bind address"),
     Setting("cluster.seeds", _list, (), "cluster nodes as NODE_NAME:PORT (rabbit@host:25672)", True),

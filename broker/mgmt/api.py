@@ -5,7 +5,7 @@ builds the aiohttp application over a running node (duck-typed: this package
 never imports `broker.runtime`); `Node.start()` serves it on
 `management.tcp.port`. Reads come from the node's local metadata replica and
 queue processes (`views`); writes go through the same paths as AMQP
-(`node.declare_queue`, `node.delete_queue`, `node.meta_execute`) and the
+(`node.declarations`, `node.meta_execute`) and the
 membership operations through `node.membership`.
 
 Errors: every refusal is a JSON body ``{"error": ..., "reason": ...}`` with a
@@ -665,7 +665,7 @@ async def put_queue(request: web.Request) -> web.Response:
         arguments.setdefault("x-queue-type", body["type"])
     if "node" in body:
         known_node(c.node, body["node"])
-    reply = await c.node.declare_queue(
+    reply = await c.node.declarations.declare_queue(
         vhost, name, durable=body.get("durable", True), exclusive_owner=None,
         auto_delete=body.get("auto_delete", False), arguments=arguments, passive=False,
         server_named=False)
@@ -691,7 +691,7 @@ async def delete_queue(request: web.Request) -> web.Response:
             raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not empty")
         if if_unused and counts.get("consumers", 0):
             raise ApiError(400, f"queue '{name}' in vhost '{vhost}' in use")
-    reply, _count = await c.node.delete_queue(vhost, name, if_unused, if_empty, None)
+    reply, _count = await c.node.declarations.delete_queue(vhost, name, if_unused, if_empty, None)
     if isinstance(reply, md.MetadataError):
         raise md_error(reply)
     if getattr(reply, "record", True) is None:
@@ -880,37 +880,39 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 
 # ---------------------------------------------------------------- quorum-queue operations
-async def quorum_status(request: web.Request) -> web.Response:
+def _quorum_queue(request: web.Request, admin: bool = True) -> tuple[Ctx, str, str]:
+    """The context and (vhost, name) of a membership request on a quorum
+    queue: authorised, the queue exists and is a quorum queue."""
     c = ctx(request)
+    if admin:
+        c.need_admin()
     vhost, name = request.match_info["vhost"], request.match_info["name"]
-    record = queue_record(c, vhost, name)
-    if record.type != "quorum":
+    if queue_record(c, vhost, name).type != "quorum":
         raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
+    return c, vhost, name
+
+
+async def _node_in_body(c: Ctx, request: web.Request) -> str:
+    body = await json_body(request, {"node": str}, required=("node",))
+    return known_node(c.node, body["node"])
+
+
+async def quorum_status(request: web.Request) -> web.Response:
+    c, vhost, name = _quorum_queue(request, admin=False)
     result = await call_membership(membership(c.node).quorum_status(vhost, name))
     return web.json_response(v.jsonable(result))
 
 
 async def add_member(request: web.Request) -> web.Response:
-    c = ctx(request)
-    c.need_admin()
-    vhost, name = request.match_info["vhost"], request.match_info["name"]
-    record = queue_record(c, vhost, name)
-    body = await json_body(request, {"node": str}, required=("node",))
-    known_node(c.node, body["node"])
-    if record.type != "quorum":
-        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
-    await call_membership(membership(c.node).add_member(vhost, name, body["node"]))
+    c, vhost, name = _quorum_queue(request)
+    node = await _node_in_body(c, request)
+    await call_membership(membership(c.node).add_member(vhost, name, node))
     return web.Response(status=204)
 
 
 async def delete_member(request: web.Request) -> web.Response:
-    c = ctx(request)
-    c.need_admin()
-    vhost, name = request.match_info["vhost"], request.match_info["name"]
-    record = queue_record(c, vhost, name)
+    c, vhost, name = _quorum_queue(request)
     target = known_node(c.node, request.match_info["node"])
-    if record.type != "quorum":
-        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
     force = query_flag(request, "force")
     await call_membership(membership(c.node).delete_member(vhost, name, target, force=force))
     return web.Response(status=204)
@@ -919,15 +921,9 @@ async def delete_member(request: web.Request) -> web.Response:
 async def transfer_leader(request: web.Request) -> web.Response:
     """Move the queue's leadership to the member on `node` (Raft leadership
     transfer; answered once the new leader is known)."""
-    c = ctx(request)
-    c.need_admin()
-    vhost, name = request.match_info["vhost"], request.match_info["name"]
-    record = queue_record(c, vhost, name)
-    body = await json_body(request, {"node": str}, required=("node",))
-    known_node(c.node, body["node"])
-    if record.type != "quorum":
-        raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
-    await call_membership(membership(c.node).transfer_leader(vhost, name, body["node"]))
+    c, vhost, name = _quorum_queue(request)
+    node = await _node_in_body(c, request)
+    await call_membership(membership(c.node).transfer_leader(vhost, name, node))
     return web.Response(status=204)
 
 

@@ -13,9 +13,12 @@ the queue's) marks the channel busy; later events on that channel wait in its
 backlog until the reply is sent. Publishes do not wait: they are proposed at
 once and confirmed when every target queue has committed them.
 
-Flow control: when a connection has more than `HIGH_WATER` enqueues waiting to
-be committed, the socket stops being read (TCP back-pressure reaches the
-publisher) until fewer than `LOW_WATER` remain.
+Flow control: the socket stops being read (TCP back-pressure reaches the
+client) while any of three holds is on (`AmqpConnection.hold`/`release`):
+"inflight" while the connection has more than `HIGH_WATER` enqueues waiting
+to be committed, until fewer than `LOW_WATER` remain; "write" while its own
+output buffer is over the transport's high-water mark (a slow reader); and
+"alarm" while a resource alarm blocks it (runtime/alarms.py).
 """
 from __future__ import annotations
 
@@ -376,13 +379,13 @@ class Channel:
         name = m.queue
         server_named = not name and not m.passive  # passive '' is a 404 for '' in RabbitMQ
         if server_named:
-            name = node.server_queue_name()
+            name = node.declarations.server_queue_name()
         if name.startswith("amq.") and not server_named and not m.passive:
             raise ChannelError(403, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
         if not m.passive:
             self._check("configure", "queue", name, m)
         args = dict(m.arguments or {})
-        reply = await node.declare_queue(
+        reply = await node.declarations.declare_queue(
             self._vhost(), name, durable=bool(m.durable), exclusive_owner=self.conn.id if m.exclusive else None,
             auto_delete=bool(m.auto_delete), arguments=args, passive=bool(m.passive),
             server_named=server_named)
@@ -444,7 +447,7 @@ class Channel:
         self._run_async(self._queue_delete(qname, m))
 
     async def _queue_delete(self, qname: str, m: C.Queue.Delete) -> None:
-        reply, count = await self.node.delete_queue(self._vhost(), qname, bool(m.if_unused),
+        reply, count = await self.node.declarations.delete_queue(self._vhost(), qname, bool(m.if_unused),
                                                     bool(m.if_empty), owner=self.conn.id)
         if isinstance(reply, md.MetadataError):
             _raise_md(reply, m)
@@ -567,7 +570,7 @@ class Channel:
         if not m.nowait:
             self.send(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
         # an auto-delete queue goes with its last consumer, no-ack ones included
-        await self.node.maybe_auto_delete(c.queue)
+        await self.node.declarations.maybe_auto_delete(c.queue)
 
     def server_cancel(self, c: Consumer) -> None:
         if self.consumers.pop(c.tag, None) is not None and not self.closed:
@@ -758,7 +761,7 @@ class Channel:
             if collect:
                 futures.append(fut)
         if conn.inflight > HIGH_WATER:
-            conn.pause()
+            conn.hold("inflight")
         return futures
 
     def _refused(self, pending: _Confirm | None) -> None:
@@ -772,8 +775,8 @@ class Channel:
     def _inflight_done(self) -> None:
         conn = self.conn
         conn.inflight -= 1
-        if conn.paused and conn.inflight < LOW_WATER:
-            conn.resume()
+        if conn.holds and conn.inflight < LOW_WATER:
+            conn.release("inflight")
 
     def _unconfirmed_done(self, fut: asyncio.Future[Any]) -> None:
         self._inflight_done()
@@ -957,8 +960,8 @@ class Channel:
             self.conn.inflight -= len(session.pending)
             session.close()
         self.sessions.clear()
-        if self.conn.paused and self.conn.inflight < LOW_WATER:
-            self.conn.resume()
+        if self.conn.holds and self.conn.inflight < LOW_WATER:
+            self.conn.release("inflight")
         # What this channel really delivered, per queue and consumer: only
         # those returns count as failed deliveries (see qm.ChannelDown).
         delivered: dict[QueueUid, dict[str, set[int]]] = {}
@@ -977,7 +980,7 @@ class Channel:
             self.node.queue_command_reliable(uid, down)
             q = self.node.live_queue(uid)
             if q is not None:
-                self.node.schedule_auto_delete_check(q)
+                self.node.declarations.schedule_auto_delete_check(q)
         self.touched.clear()
         self.unacked.clear()
 
@@ -1092,8 +1095,8 @@ class AmqpConnection(asyncio.Protocol):
         self.confirms_dirty: set[Channel] = set()
         self.settles_dirty: set[Channel] = set()
         self.inflight = 0
-        self.paused = False
-        self.alarm_blocked = False  # blocked by a resource alarm (runtime/alarms.py)
+        #: why reading is paused ("inflight", "write", "alarm"; see the module doc)
+        self.holds: set[str] = set()
         self.tls = False  # came in on the TLS listener
         self.last_queue: str | None = None
         self.global_prefetch = 0
@@ -1101,7 +1104,6 @@ class AmqpConnection(asyncio.Protocol):
         self.props_cache = acodec.PropertiesCache()
         self._ticker: asyncio.TimerHandle | None = None
         self.closed = False
-        self.write_paused = False  # the transport's buffer is above its high-water mark
         self.nstats = node_stats(node)
         self.peer_port = 0
         self.host = ""
@@ -1140,13 +1142,10 @@ class AmqpConnection(asyncio.Protocol):
         # A slow reader: stop reading its input too so its deliveries do not pile up,
         # and hold the settles of its no-ack deliveries: their queues then stop
         # after NOACK_CREDIT messages instead of filling the write buffer.
-        self.write_paused = True
-        self.pause()
+        self.hold("write")
 
     def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.inflight < LOW_WATER:
-            self.resume()
+        self.release("write")
         if not self.closed:
             self.flush()
 
@@ -1249,7 +1248,7 @@ class AmqpConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         self.flush_scheduled = False
-        if self.settles_dirty and not self.write_paused:
+        if self.settles_dirty and "write" not in self.holds:
             dirty, self.settles_dirty = self.settles_dirty, set()
             for ch in dirty:
                 ch.flush_settles()
@@ -1264,35 +1263,37 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.write(b"".join(self.out))
         self.out.clear()
 
-    def pause(self) -> None:
-        if not self.paused and self.transport is not None:
-            self.paused = True
+    def hold(self, why: str) -> None:
+        """Stop reading the socket for `why` (reading resumes once every hold is released)."""
+        if not self.holds and self.transport is not None:
             self.transport.pause_reading()
+        self.holds.add(why)
 
-    def resume(self) -> None:
-        if self.alarm_blocked:
-            return  # a resource alarm holds it (alarms_changed resumes it)
-        if self.paused and self.transport is not None and not self.transport.is_closing():
-            self.paused = False
+    def release(self, why: str) -> None:
+        if why not in self.holds:
+            return
+        self.holds.discard(why)
+        if not self.holds and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
+
+    @property
+    def alarm_blocked(self) -> bool:
+        return "alarm" in self.holds
 
     # ------------------------------------------------------------ resource alarms
     def _alarm_block(self) -> None:
         """A publish while an alarm is in effect (runtime/alarms.py): tell the
         client (connection.blocked, if it asked for it) and stop reading. What
         was already read is handled as usual: accepted publishes are confirmed."""
-        self.alarm_blocked = True
         self.write(self.amqp.send_blocked(blocked_reason(self.node.alarm_resources)))
-        self.pause()
+        self.hold("alarm")
 
     def alarms_changed(self, resources: frozenset[str]) -> None:
         if resources or not self.alarm_blocked or self.closed:
             return
-        self.alarm_blocked = False
         self.write(self.amqp.send_unblocked())
         self.flush()
-        if not self.write_paused and self.inflight < LOW_WATER:
-            self.resume()
+        self.release("alarm")
 
     # ------------------------------------------------------------ heartbeats
     def _schedule_tick(self) -> None:
@@ -1305,7 +1306,7 @@ class AmqpConnection(asyncio.Protocol):
     def _tick(self) -> None:
         if self.closed:
             return
-        if self.paused:  # not reading on purpose: its heartbeats wait in the socket
+        if self.holds:  # not reading on purpose: its heartbeats wait in the socket
             self.amqp.keepalive()
         result = self.amqp.tick(asyncio.get_running_loop().time())
         self.write(result.data)
@@ -1329,7 +1330,7 @@ class AmqpConnection(asyncio.Protocol):
             self._ticker.cancel()
         self._close_channels()
         self.node.connections.discard(self)
-        self.node.connection_closed(self.id)
+        self.node.declarations.connection_closed(self.id)
 
     # ------------------------------------------------------------ management views
     @property

@@ -210,7 +210,7 @@ async def load_definitions_file(node: Node, path: str) -> None:
         check(await node.meta_execute(cmd), type(cmd).__name__)
     for q in plan.queues:
         what = f"queue '{q.name}' in vhost '{q.vhost}'"
-        reply = await node.declare_queue(
+        reply = await node.declarations.declare_queue(
             q.vhost, q.name, durable=q.durable, exclusive_owner=None, auto_delete=q.auto_delete,
             arguments=dict(q.arguments), passive=False, server_named=False)
         check(reply, what)  # invalid quorum-queue arguments are refused like the rest

@@ -23,7 +23,9 @@ half-interpreted.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any, ClassVar
 
 
@@ -109,12 +111,23 @@ _TYPES: tuple[type, ...] = (Hello, RaftMessage, QueueRequest, QueueReply, Delive
 _BY_TAG: dict[str, tuple[type, tuple[str, ...]]] = {
     t.TAG: (t, tuple(f.name for f in fields(t))) for t in _TYPES  # type: ignore[attr-defined]
 }
-_FIELDS: dict[type, tuple[str, ...]] = {t: names for t, names in _BY_TAG.values()}
+
+
+def _encoder(tag: str, names: tuple[str, ...]) -> Callable[[Any], list[Any]]:
+    get = attrgetter(*names)
+    if len(names) == 1:
+        return lambda msg: [tag, get(msg)]
+    return lambda msg: [tag, *get(msg)]
+
+
+# Raft messages and deliveries go through here: one attrgetter call per message
+_ENCODERS: dict[type, Callable[[Any], list[Any]]] = {
+    t: _encoder(tag, names) for tag, (t, names) in _BY_TAG.items()}
 
 
 def encode(msg: PeerMessage) -> list[Any]:
     """The wire form: [tag, field values...]."""
-    return [msg.TAG, *[getattr(msg, n) for n in _FIELDS[type(msg)]]]
+    return _ENCODERS[type(msg)](msg)
 
 
 def decode(raw: Any) -> PeerMessage:

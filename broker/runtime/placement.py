@@ -1,7 +1,7 @@
 """Where a new queue's members and leader go: a pure function of the cluster
 as this node sees it.
 
-Where it sits: `Node.declare_queue` calls `place` with the cluster's nodes,
+Where it sits: `Declarations.declare_queue` (runtime/declarations.py) calls `place` with the cluster's nodes,
 which of them are connected, the queue records of the metadata and the
 declaration's arguments; the result goes into the `DeclareQueue` command.
 

@@ -129,7 +129,7 @@ class QueueProcess:
         return self._submit(wire.settle_payload(consumer, msg_ids))
 
     def command(self, cmd: qm.Command) -> asyncio.Future[Any]:
-        return self._submit(wire.command_payload(cmd))
+        return self._submit(wire.payload_for(cmd))
 
     # ---------------------------------------------------------------- applying
     def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
@@ -139,9 +139,15 @@ class QueueProcess:
         self.state, reply, effects = qm.apply(Meta(index, term, ts), cmd, self.state)
         if effects:
             self._run_effects(effects)
-        if msg is None and self._expiry_timer is None and wire.is_command(payload):
-            self._arm_expiry()  # a policy may have brought x-expires
+        if msg is None and type(cmd) is not qm.Settle:
+            self._command_applied()
         return reply
+
+    def _command_applied(self) -> None:
+        """A command other than an enqueue or a settle was applied (a policy
+        push among them): what its configuration may have changed."""
+        if self._expiry_timer is None:
+            self._arm_expiry()  # a policy may have brought x-expires
 
     def _arm_expiry(self) -> None:
         exp = self.state.config.expires_ms
@@ -602,9 +608,12 @@ class QuorumQueue(QueueProcess):
             # a purge frees most of the log at once: snapshot (release, compact) now
             sli = self.state.smallest_live_index()
             self._take_snapshot(index, index + 1 if sli is None else sli)
-        if wire.is_command(payload) and (self._dlx is not None or self.state.config.at_least_once):
-            self._sync_dlx_worker()  # a policy may have changed the strategy
         return reply
+
+    def _command_applied(self) -> None:
+        super()._command_applied()
+        if self._dlx is not None or self.state.config.at_least_once:
+            self._sync_dlx_worker()  # a policy may have changed the strategy
 
     def _role_changed(self, role: Role, leader: NodeId | None) -> None:
         if role is not Role.LEADER and self._dlx is not None:

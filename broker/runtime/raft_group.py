@@ -185,8 +185,6 @@ def _hs_covers(durable: st.HardState, hs: st.HardState) -> bool:
     return durable.voted_for == hs.voted_for and durable.commit >= hs.commit
 
 
-
-
 class ProposalFailed(Exception):
     """The proposal will not be applied: overwritten by another leader's entry,
     or the group stopped."""

@@ -116,6 +116,14 @@ def command_payload(cmd: qm.Command) -> list[Any]:
     return [COMMAND, qm.encode_command(cmd)]
 
 
+def payload_for(cmd: qm.Command) -> list[Any]:
+    """The payload of a machine command other than an enqueue: a settle in its
+    compact plain form (the hot one), anything else encoded."""
+    if type(cmd) is qm.Settle:
+        return settle_payload(cmd.consumer, cmd.msg_ids)
+    return command_payload(cmd)
+
+
 def is_enqueue(payload: list[Any]) -> bool:
     return bool(payload) and payload[0] == ENQUEUE
 

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from tests.e2e.broker_proc import BrokerProcess, start_all
+from tests.e2e.broker_proc import BrokerProcess, in_parallel, start_all
 
 AMQP_PORT = 5672
 MGMT_PORT = 15672
@@ -294,20 +294,7 @@ class ChaosCluster:
             if nd.proc is not None and nd.proc.poll() is not None:
                 with self._lock:
                     self.down.add(i)  # exited on its own (a crash) or was stopped
-        errors: list[BaseException] = []
-
-        def run(i: int) -> None:
-            try:
-                self.restart(i, timeout)
-            except BaseException as exc:  # noqa: BLE001 - re-raised below
-                errors.append(exc)
-        threads = [threading.Thread(target=run, args=(i,)) for i in sorted(self.down)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        in_parallel(lambda i: self.restart(i, timeout), sorted(self.down))
 
     def teardown(self) -> None:
         for i in list(self.paused):

@@ -2,11 +2,12 @@
 certificate from another CA is refused."""
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pika
 import pytest
+
+from tests.pki import make_ca, make_signed
 
 from .conftest import Cluster
 
@@ -14,16 +15,11 @@ pytestmark = pytest.mark.slow
 
 
 def _ca(d: Path, name: str) -> tuple[Path, Path, Path]:
-    d.mkdir(parents=True, exist_ok=True)
-    run = lambda *a: subprocess.run(a, check=True, capture_output=True, cwd=d)  # noqa: E731
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-        "-out", "ca.pem", "-days", "1", "-subj", f"/CN={name}")
-    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out", "node.csr",
-        "-subj", "/CN=127.0.0.1")
-    (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("openssl", "x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", "node.pem", "-days", "1", "-extfile", "ext")
-    return d / "node.pem", d / "node.key", d / "ca.pem"
+    """A CA named `name` and a node certificate for 127.0.0.1 it signs:
+    (certificate, key, CA certificate)."""
+    ca, _ = make_ca(d, name)
+    cert, key = make_signed(d, "node", name, "IP:127.0.0.1")
+    return cert, key, ca
 
 
 def test_cluster_over_mutual_tls(tmp_path: Path) -> None:

@@ -13,9 +13,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 def _port_range() -> tuple[int, int]:
@@ -175,22 +178,28 @@ class BrokerProcess:
         self.proc.send_signal(signal.SIGCONT)
 
 
-def start_all(nodes: list[BrokerProcess], timeout: float = 120.0) -> None:
-    """Start brokers in parallel (a cluster forms only once a quorum of its
-    seeds is up); the first start error is raised once all have finished."""
+def in_parallel(fn: Callable[[T], object], items: Iterable[T]) -> None:
+    """fn(item) for every item, each on a thread of its own; the first error is
+    raised once all have finished."""
     import threading
 
     errors: list[BaseException] = []
 
-    def run(node: BrokerProcess) -> None:
+    def run(item: T) -> None:
         try:
-            node.start(timeout=timeout)
+            fn(item)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
-    threads = [threading.Thread(target=run, args=(n,)) for n in nodes]
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+
+
+def start_all(nodes: list[BrokerProcess], timeout: float = 120.0) -> None:
+    """Start brokers in parallel (a cluster forms only once a quorum of its
+    seeds is up)."""
+    in_parallel(lambda node: node.start(timeout=timeout), nodes)

@@ -239,7 +239,8 @@ async def test_login_path_checks_the_peer_address(peer: str, loopback_users: tup
     with a peer address no test machine can produce for real."""
     state = md.initial_state(md.hash_password("guest", b"salt"))
     node = SimpleNamespace(amqp_config=ServerConfig(), connections=set(), meta=SimpleNamespace(state=state),
-                           config={"loopback_users": loopback_users}, connection_closed=lambda cid: None,
+                           config={"loopback_users": loopback_users},
+                           declarations=SimpleNamespace(connection_closed=lambda cid: None),
                            incarnation="test")
     conn = AmqpConnection(node)  # type: ignore[arg-type]
     transport = _FakeTransport((peer, 40000))

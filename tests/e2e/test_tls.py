@@ -14,7 +14,6 @@ import asyncio
 import json
 import socket
 import ssl
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,33 +23,18 @@ import pika
 import pytest
 from pika.exceptions import AMQPConnectionError
 
+from tests.pki import make_ca, make_signed
+
 from .broker_proc import BrokerProcess, free_port
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _ca(d: Path, name: str) -> None:
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
-             "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=d)
-
-
-def _signed(d: Path, name: str, ca: str, san: str) -> None:
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-             "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-    (d / f"{name}.ext").write_text(f"subjectAltName = {san}\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("certs")
-    _ca(d, "ca")
-    _ca(d, "other-ca")
-    _signed(d, "server", "ca", "IP:127.0.0.1,DNS:localhost")
-    _signed(d, "client", "ca", "DNS:client")
+    make_ca(d, "ca")
+    make_ca(d, "other-ca")
+    make_signed(d, "server", "ca", "IP:127.0.0.1,DNS:localhost")
+    make_signed(d, "client", "ca", "DNS:client")
     return d
 
 

@@ -298,6 +298,26 @@ class OpCluster:
             n.kill()
 
 
+def install_broker_statefulset(kube: KubeApi, brokers: OpCluster,
+                               extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """The broker StatefulSet `qq` (3 pods, Ready), its credentials Secret, and
+    the annotations that point the operator at `brokers`' management API."""
+    from . import manifests as m
+
+    kube.create(m.secret("qq-creds", NS))
+    sts = m.stateful_set("qq", NS, 3, {
+        "quorumq.dev/credentials-secret": "qq-creds",
+        "quorumq.dev/management-host": "127.0.0.1",
+        "quorumq.dev/management-port": str(brokers.nodes[0].management_port),
+        "quorumq.dev/node-name-template": "rabbit-{ordinal}@127.0.0.1",
+        **(extra or {}),
+    })
+    kube.create(sts)
+    for i in range(3):
+        kube.create(m.pod(sts, i))
+    return sts
+
+
 @pytest.fixture(scope="module")
 def kube() -> Iterator[KubeApi]:
     api = KubeApi()

@@ -21,7 +21,7 @@ from quorumq_operator.__main__ import kopf_args
 from tests.e2e.broker_proc import free_port
 
 from . import manifests as m
-from .conftest import GROUP, NS, KubeApi, OpCluster, wait_for
+from .conftest import GROUP, NS, KubeApi, OpCluster, install_broker_statefulset, wait_for
 
 SEED = 11
 RNG = random.Random(SEED)
@@ -31,17 +31,7 @@ RNG = random.Random(SEED)
 def operator(kube: KubeApi, brokers: OpCluster) -> Iterator[dict[str, Any]]:
     """The broker StatefulSet's objects in the API, then the operator running
     (its real entry point's kopf arguments, plus a login handler for kmock)."""
-    kube.create(m.secret("qq-creds", NS))
-    sts = m.stateful_set("qq", NS, 3, {
-        "quorumq.dev/credentials-secret": "qq-creds",
-        "quorumq.dev/management-host": "127.0.0.1",
-        "quorumq.dev/management-port": str(brokers.nodes[0].management_port),
-        "quorumq.dev/node-name-template": "rabbit-{ordinal}@127.0.0.1",
-        "quorumq.dev/rebalance-debounce-seconds": "1",
-    })
-    kube.create(sts)
-    for i in range(3):
-        kube.create(m.pod(sts, i))
+    sts = install_broker_statefulset(kube, brokers, {"quorumq.dev/rebalance-debounce-seconds": "1"})
     metrics_port = free_port()
     env = {"QQ_OPERATOR_NAMESPACES": NS, "QQ_OPERATOR_PEERING": "standalone",
            "QQ_OPERATOR_LIVENESS_PORT": "0", "QQ_OPERATOR_METRICS_PORT": str(metrics_port),

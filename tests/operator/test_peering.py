@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from . import manifests as m
-from .conftest import GROUP, NS, KubeApi, OpCluster, wait_for
+from .conftest import GROUP, NS, KubeApi, OpCluster, install_broker_statefulset, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -75,16 +75,7 @@ class Replica:
 
 @pytest.fixture
 def replicas(kube: KubeApi, brokers: OpCluster, tmp_path: Path) -> Iterator[list[Replica]]:
-    kube.create(m.secret("qq-creds", NS))
-    sts = m.stateful_set("qq", NS, 3, {
-        "quorumq.dev/credentials-secret": "qq-creds",
-        "quorumq.dev/management-host": "127.0.0.1",
-        "quorumq.dev/management-port": str(brokers.nodes[0].management_port),
-        "quorumq.dev/node-name-template": "rabbit-{ordinal}@127.0.0.1",
-    })
-    kube.create(sts)
-    for i in range(3):
-        kube.create(m.pod(sts, i))
+    install_broker_statefulset(kube, brokers)
     kube.create({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
                  "metadata": {"name": "quorumq", "namespace": NS}, "status": {}})
     # the low-priority replica starts alone and is active; the high one

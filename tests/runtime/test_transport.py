@@ -6,7 +6,6 @@ import asyncio
 import logging
 import ssl
 import struct
-import subprocess
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import msgpack
 import pytest
 
 from broker.runtime.transport import PeerTransport
+from tests.pki import make_ca, make_signed
 
 SECRET = b"cluster-cookie"
 
@@ -217,16 +217,12 @@ def test_empty_secret_is_refused() -> None:
 
 
 async def test_tls_between_peers(tmp_path: Path) -> None:
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
+    make_ca(tmp_path, "ca")
+    cert, key = make_signed(tmp_path, "peer", "ca", "IP:127.0.0.1")
+    ca = tmp_path / "ca.pem"
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(cert))
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
     tls = {"server_ssl": server, "client_ssl": client}
     a, b, ia, ib = await _pair(a=tls, b=tls)
     try:

@@ -19,7 +19,7 @@ import pika
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.mgmt.conftest import MgmtCluster, wait_for
+from tests.mgmt.conftest import MgmtCluster, mgmt_cluster, wait_for  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
@@ -29,11 +29,9 @@ QQ = {"x-queue-type": "quorum"}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtCluster]:
-    c = MgmtCluster(tmp_path_factory.mktemp("ui"))
-    c.start()
-    yield c
-    c.kill_all()
+def cluster(mgmt_cluster: MgmtCluster) -> MgmtCluster:  # noqa: F811 (the imported fixture)
+    """tests/mgmt's 3-node cluster with management ports (its own for this module)."""
+    return mgmt_cluster
 
 
 @pytest.fixture(scope="module")
