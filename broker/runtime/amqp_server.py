@@ -400,6 +400,8 @@ class Channel:
         self.conn.last_queue = name
         q = node.queue(self._vhost(), name)
         if not m.nowait:
+            if q is not None:
+                await node.commands_settled(q.uid)  # a closed channel's returns count
             ov = q.overview() if q is not None else {"messages_ready": 0}
             if q is not None and q.kind == "quorum" and not q.is_leader:
                 # counts as the leader has them (this node may hold no replica)

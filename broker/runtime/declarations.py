@@ -48,6 +48,8 @@ class DeclarationsHost(Protocol):
 
     async def wait_for_leader(self, q: Any, vhost: str, name: str) -> None: ...
 
+    async def commands_settled(self, uid: Any, timeout: float = 5.0) -> None: ...
+
 
 def reply_detail(reply_text: str) -> str:
     """'NAME - detail' -> 'detail' (replies carry the NAME prefix separately)."""
@@ -116,6 +118,8 @@ class Declarations:
                            owner: str | None) -> tuple[Any, int]:
         """queue.delete: (the metadata's reply, the ready messages it held)."""
         q = self.host.queue(vhost, name)
+        if q is not None:
+            await self.host.commands_settled(q.uid)  # a closed channel's returns count
         consumers = len(q.consumers) if q is not None else 0
         # RabbitMQ counts ready messages (if-empty and delete-ok), not unacked ones
         count = q.overview().get("messages_ready", 0) if q is not None else 0

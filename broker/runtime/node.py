@@ -82,6 +82,10 @@ class Node:
         self._classic_logs: dict[str, DurableClassicQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._auto_delete_pending: set[tuple[str, str]] = set()
+        # Reliable queue commands not yet applied (or the queue gone), per
+        # queue, and who waits for none to be left (commands_settled).
+        self._reliable_open: dict[QueueUid, int] = {}
+        self._reliable_waiters: dict[QueueUid, list[asyncio.Future[None]]] = {}
         self.port = 0
         self.cluster: Cluster | None = None
         self._join_in_progress: dict[str, bool] = {}
@@ -1012,7 +1016,33 @@ class Node:
         until it is applied or the queue is gone: a leader change, a replaced
         entry or a lost connection re-sends it. `on_applied()` runs once it is
         applied (not when the queue is gone)."""
+        self._reliable_open[uid] = self._reliable_open.get(uid, 0) + 1
         _ReliableCommand(self, uid, wire.payload_for(cmd), on_applied).submit()
+
+    def _reliable_finished(self, uid: QueueUid) -> None:
+        left = self._reliable_open.get(uid, 1) - 1
+        if left > 0:
+            self._reliable_open[uid] = left
+            return
+        self._reliable_open.pop(uid, None)
+        for fut in self._reliable_waiters.pop(uid, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def commands_settled(self, uid: QueueUid, timeout: float = 5.0) -> None:
+        """Wait (at most `timeout`) until the reliable commands this node sent
+        to the queue are applied: a closed channel's messages are back in the
+        queue before the counts of a later queue.delete or queue.declare are
+        read, as in RabbitMQ, where a channel's queues learn of its end before
+        the channel is gone."""
+        if not self._reliable_open.get(uid):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reliable_waiters.setdefault(uid, []).append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            log.debug("queue %s: commands still unapplied after %.1f s", uid[1], timeout)
 
     # ------------------------------------------------------------ dead lettering
     def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
@@ -1092,6 +1122,7 @@ class _ReliableCommand:
     def submit(self) -> None:
         q = self.node.live_queue(self.uid)
         if q is None or self.node._loop is None:
+            self.node._reliable_finished(self.uid)
             return  # the queue is gone: nothing left to settle
         try:
             fut = q._submit(self.payload)
@@ -1103,17 +1134,20 @@ class _ReliableCommand:
 
     def _done(self, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() and fut.exception() is None:
+            self.node._reliable_finished(self.uid)
             if self.on_applied is not None:
                 self.on_applied()
             return
         exc = None if fut.cancelled() else fut.exception()
         if isinstance(exc, QueueGone):
+            self.node._reliable_finished(self.uid)
             return
         log.debug("queue command to be re-sent: %s", exc)
         self._again()
 
     def _again(self) -> None:
         if self.node.live_queue(self.uid) is None or self.node._loop is None:
+            self.node._reliable_finished(self.uid)
             return
         self.node._loop.call_later(self.backoff.next(), self.submit)
 

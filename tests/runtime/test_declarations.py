@@ -48,6 +48,9 @@ class FakeHost:
     async def wait_for_leader(self, q: Any, vhost: str, name: str) -> None:
         pass
 
+    async def commands_settled(self, uid: Any, timeout: float = 5.0) -> None:
+        pass
+
 
 def declare(d: Declarations, name: str, **kw: Any) -> Any:
     args = {"durable": True, "exclusive_owner": None, "auto_delete": False, "arguments": {},
