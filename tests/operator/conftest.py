@@ -69,8 +69,23 @@ class _Emulator(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self._rv = itertools.count(100)
         self._names = itertools.count(1)
+        #: what kopf asked for: (verb, apiGroup, resource[/subresource], namespace),
+        #: checked against the chart's RBAC (tests/operator/rbac.py)
+        self.kopf_requests: set[tuple[str, str, str, str | None]] = set()
+
+    def _record(self, request: Any) -> None:
+        if (not str(request.headers.get("User-Agent", "")).startswith("kopf/")
+                or request.resource is None or not request.resource.plural):
+            return  # not kopf, or API discovery (allowed to every authenticated user)
+        method = str(getattr(request.method, "value", request.method)).upper()
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+        if verb is None:
+            verb = {enums.action.LIST: "list", enums.action.WATCH: "watch"}.get(request.action, "get")
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        self.kopf_requests.add((verb, request.resource.group or "", resource, request.namespace))
 
     async def _handle(self, request: Any) -> Any:
+        self._record(request)
         if request.resource is not None and isinstance(request.data, dict) and request.action in (
                 enums.action.CREATE, enums.action.UPDATE):
             meta = request.data.setdefault("metadata", {})
@@ -141,6 +156,10 @@ class KubeApi:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
+    def kopf_requests(self) -> set[tuple[str, str, str, str | None]]:
+        """Every (verb, apiGroup, resource, namespace) kopf has requested so far."""
+        return set(self.k.kopf_requests)
+
     # ------------------------------------------------------------ client
     @staticmethod
     def path(api_version: str, plural: str, name: str | None = None, ns: str | None = NS) -> str:
@@ -189,7 +208,8 @@ def _serve_in_process(conn: Any) -> None:
     api = KubeApi()
     conn.send(api.url)
     try:
-        conn.recv()  # until the parent closes it (or dies)
+        while conn.recv() == "kopf_requests":  # anything else (or EOF): stop
+            conn.send(api.kopf_requests())
     except EOFError:
         pass
     api.close()
@@ -211,6 +231,10 @@ class KubeApiProcess(KubeApi):
             self._proc.kill()
             raise RuntimeError("kmock did not start")
         self.url = str(self._conn.recv())
+
+    def kopf_requests(self) -> set[tuple[str, str, str, str | None]]:
+        self._conn.send("kopf_requests")
+        return set(self._conn.recv())
 
     def close(self) -> None:
         try:

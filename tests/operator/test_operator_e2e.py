@@ -310,3 +310,19 @@ def test_operator_metrics(operator: dict[str, Any]) -> None:
     assert 'quorumq_operator_actions_total{action="DeclareQueue",result="changed"}' in text
     assert "quorumq_operator_broker_unreachable_total" in text
 
+
+
+def test_every_request_kopf_made_is_allowed_by_the_charts_role(kube: KubeApi,
+                                                               operator: dict[str, Any]) -> None:
+    """Runs last in this module: by now the operator has declared, recreated,
+    grown, deleted (finalizers), applied policies, rebalanced and posted
+    Events. A real API server would have refused any request the chart's
+    operator Role does not allow (kmock enforces no RBAC)."""
+    from tests.k8s.helm import by_kind, render
+
+    from .rbac import denied
+
+    roles = [r for r in by_kind(render(namespace=NS), "Role") if r["metadata"]["name"].endswith("-operator")]
+    requests = kube.kopf_requests()
+    assert ("patch", "apps", "statefulsets", NS) in requests  # the timer's finalizer
+    assert denied(requests, roles) == []

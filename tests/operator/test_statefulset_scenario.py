@@ -37,11 +37,12 @@ from tests.chaos.amqp import AmqpError, Client
 from tests.chaos.checker import check
 from tests.chaos.workers import History, Values, Worker
 from tests.e2e.broker_proc import free_port
-from tests.k8s.helm import one, render
+from tests.k8s.helm import by_kind, one, render
 
 from . import manifests as m
 from .conftest import GROUP, NS, KubeApi, KubeApiProcess, wait_for
 from .player import NODE_NAME_TEMPLATE, StatefulSetPlayer, addr
+from .rbac import denied
 
 SEED = 20261123
 RELEASE = "qq"
@@ -139,7 +140,9 @@ def world(kube: KubeApi, tmp_path: Path) -> Iterator[dict[str, Any]]:
         os.environ.update(env)
         with KopfRunner(kopf_args(env, ["-m", "tests.operator.kopf_login"]), timeout=60) as runner:
             yield {"player": player, "ports": ports, "creds": creds, "runner": runner,
-                   "mgmt": Mgmt(ports["management"], creds["username"], creds["password"])}
+                   "mgmt": Mgmt(ports["management"], creds["username"], creds["password"]),
+                   "operator_roles": [r for r in by_kind(docs, "Role")
+                                      if r["metadata"]["name"].endswith("-operator")]}
         assert runner.exception is None, runner.output[-5000:]
     finally:
         for k, v in saved.items():
@@ -353,6 +356,8 @@ def test_scale_up_down_and_roll_with_traffic(kube: KubeApi, world: dict[str, Any
         expected = "LEAVING" if r.ordinal >= r.desired else "RESTARTING"
         assert expected in r.output, r.output
     assert not player.records["crashes"], player.records["crashes"]
+    # everything kopf asked of the API is allowed by the chart's Role (kmock enforces no RBAC)
+    assert denied(kube.kopf_requests(), world["operator_roles"]) == []
     # the operator grew the target-5 queues onto the new pods (Events on the resources)
     grown = [e["message"] for e in kube.events() if e["reason"] == "AddMember"]
     for name, target in QUEUES.items():
