@@ -296,7 +296,7 @@ def drain_if_leaving(c: Client, o: Output, a: argparse.Namespace,
     if leaving:
         log(f"{me} (pod {pod}, ordinal {ident.ordinal}) is LEAVING: the StatefulSet wants "
             f"{desired} replicas")
-        return _leave(c, o, a, me, deadline, log, left)
+        return _leave(c, o, a, me, deadline, log, left, desired)
     log(f"{me} (pod {pod}, ordinal {ident.ordinal}) is RESTARTING"
         + (f" (desired replicas {desired})" if desired is not None else ""))
     c.timeout = left()
@@ -333,10 +333,19 @@ def _await_not_critical(c: Client, o: Output, me: str, deadline: float,
 
 
 def _leave(c: Client, o: Output, a: argparse.Namespace, me: str, deadline: float,
-           log: Callable[[str], None], left: Callable[[], float]) -> int:
+           log: Callable[[str], None], left: Callable[[], float], desired: int) -> int:
     c.timeout = left()
     try:
-        _long(c, o, f"/api/nodes/{q(me)}/drain", {}, "drain")
+        # every pod at or above `desired` is leaving too (they stop together
+        # under podManagementPolicy: Parallel): none of them receives a member
+        try:
+            _long(c, o, f"/api/nodes/{q(me)}/drain", {"desired_replicas": desired}, "drain")
+        except CliError as exc:
+            if "desired_replicas" not in str(exc):
+                raise
+            # a node without StatefulSet discovery cannot tell ordinals: a plain drain
+            log(f"draining without excluding the other leaving pods: {exc}")
+            _long(c, o, f"/api/nodes/{q(me)}/drain", {}, "drain")
     except CliError as exc:
         log(f"draining: {exc}")
     parts = urllib.parse.urlsplit(c.url)

@@ -26,7 +26,7 @@ address with `127.0.1.1{ordinal}`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,28 @@ def host_for(values: Mapping[str, Any], statefulset: str, ordinal: int, namespac
     except (KeyError, IndexError, ValueError) as exc:
         raise DiscoveryError(f"cluster.statefulset.host_template: {template!r}: bad placeholder "
                              f"{exc}") from None
+
+
+def ordinals(values: Mapping[str, Any], environ: Mapping[str, str],
+             names: Iterable[str]) -> dict[str, int]:
+    """The StatefulSet ordinal of each of `names` that is a node of this
+    node's StatefulSet (the names `resolve` gives its pods); empty unless
+    `cluster.discovery = statefulset`. Used to keep a scale-down's leaving
+    pods (ordinals at or above the desired replicas) from receiving members."""
+    if values["cluster.discovery"] != "statefulset":
+        return {}
+    ident = parse_pod_name(pod_name_from(values, environ))
+    namespace = values["cluster.statefulset.namespace"] or environ.get("POD_NAMESPACE", "")
+    prefix = values["cluster.statefulset.node_name_prefix"]
+    wanted = set(names)
+    out: dict[str, int] = {}
+    for ordinal in range(1024):  # a bound far above any broker StatefulSet
+        name = f"{prefix}@{host_for(values, ident.statefulset, ordinal, namespace)}"
+        if name in wanted:
+            out[name] = ordinal
+            if len(out) == len(wanted):
+                break
+    return out
 
 
 def resolve(values: Mapping[str, Any], environ: Mapping[str, str],

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from broker import metadata as md
 from broker import queue as qm
+from broker.common import discovery
 from broker.storage.manifest import node_manifest
 
 from . import views as v
@@ -1003,12 +1004,27 @@ async def rebalance(request: web.Request) -> web.StreamResponse:
 
 
 async def drain(request: web.Request) -> web.StreamResponse:
+    """Move every member and leadership off the node. With
+    `{"desired_replicas": N}` (a StatefulSet scale-down, `qqctl drain
+    --if-leaving`), the pods with ordinals at or above N are leaving too and
+    receive nothing: pods that stop together never drain onto each other."""
     c = ctx(request)
     c.need_admin()
     target = known_node(c.node, request.match_info["node"])
-    await json_body(request, {})
+    body = await json_body(request, {"desired_replicas": int})
+    exclude: set[str] = set()
+    if "desired_replicas" in body:
+        if body["desired_replicas"] < 0:
+            raise ApiError(400, "'desired_replicas' must be 0 or more")
+        if c.node.config["cluster.discovery"] != "statefulset":
+            raise ApiError(400, "'desired_replicas' needs cluster.discovery = statefulset "
+                                "(this node cannot tell the pods' ordinals)")
+        names = v.cluster_nodes(c.node)
+        exclude = {n for n, k in discovery.ordinals(c.node.config, os.environ, names).items()
+                   if k >= body["desired_replicas"]}
     m = membership(c.node)
-    return await _long_operation(request, lambda progress: m.drain(target, progress=progress))
+    return await _long_operation(request, lambda progress: m.drain(
+        target, progress=progress, exclude=exclude))
 
 
 async def hand_off_leaders(request: web.Request) -> web.StreamResponse:

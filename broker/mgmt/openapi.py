@@ -247,6 +247,13 @@ SCHEMAS: dict[str, Any] = {
                        "delivery_mode": {"oneOf": [_STR, _INT]}}},
     "Routed": {"type": "object", "required": ["routed"], "properties": {"routed": _BOOL}},
     "Empty": {"type": "object", "additionalProperties": False, "properties": {}},
+    "DrainOptions": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"desired_replicas": {
+            "type": "integer", "minimum": 0,
+            "description": "a StatefulSet scale-down: pods with ordinals at or above this are "
+                           "leaving too and receive no member (cluster.discovery = statefulset "
+                           "only; a 400 otherwise)"}}},
     "VhostDefinition": {
         "type": "object", "additionalProperties": False,
         "properties": {"description": _STR, "tracing": _BOOL,
@@ -292,7 +299,7 @@ def _op(summary: str, ok: dict[str, dict[str, Any]], params: tuple[str, ...] = (
     op: dict[str, Any] = {"summary": summary, "tags": [tag], "responses": responses,
                           "parameters": [_path_param(p) for p in params] + (query or [])}
     if body is not None:
-        op["requestBody"] = {"required": body not in ("Empty", "Rebalance", "QueueDeclaration",
+        op["requestBody"] = {"required": body not in ("Empty", "DrainOptions", "Rebalance", "QueueDeclaration",
                                                       "VhostDefinition", "UserDefinition"),
                              "content": {JSON: {"schema": _ref(body)}}}
     if public:
@@ -338,7 +345,7 @@ PATHS: dict[str, Any] = {
         "(for the Spark audit; each node serves its own, another node's name is a 501)",
         {"200": _json(_ref("StorageManifest"), "manifest")}, ("node",))},
     "/api/nodes/{node}/drain": {"post": _long(
-        "move every quorum-queue member and leadership off a node", "Empty", ("node",))},
+        "move every quorum-queue member and leadership off a node", "DrainOptions", ("node",))},
     "/api/vhosts": {"get": _op("vhosts", {"200": _json(_list_of("Vhost"), "list")})},
     "/api/vhosts/{vhost}": {
         "get": _op("one vhost", {"200": _json(_ref("Vhost"), "vhost")}, ("vhost",)),

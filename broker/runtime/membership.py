@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from broker import metadata as md
@@ -225,10 +225,14 @@ class Membership:
             counts[dest] += 1
         return await self._each(records, move, progress)
 
-    async def drain(self, node_name: str, progress: Progress = None) -> list[dict[str, Any]]:
+    async def drain(self, node_name: str, progress: Progress = None,
+                    exclude: Collection[str] = ()) -> list[dict[str, Any]]:
         """Move every member (and leader) off `node_name`: add a member on the
-        least loaded other node that has none, then delete the one here."""
-        others = [n for n in self._cluster_nodes() if n != node_name and self._online(n)]
+        least loaded other node that has none, then delete the one here.
+        Nodes in `exclude` (leaving too, e.g. the other pods of a scale-down
+        that stop at the same time) receive neither members nor leaderships."""
+        others = [n for n in self._cluster_nodes()
+                  if n != node_name and n not in exclude and self._online(n)]
 
         async def move(r: md.QueueRecord) -> None:
             if self.node.queue_leader(r.vhost, r.name) == node_name:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from broker.common.config import ConfigError, load_config
-from broker.common.discovery import parse_pod_name
+from broker.common.discovery import ordinals, parse_pod_name
 
 BASE = """
 cluster.discovery = statefulset
@@ -88,3 +88,14 @@ def test_errors_name_the_key(text: str, env: dict[str, str], key: str) -> None:
 def test_parse_pod_name() -> None:
     p = parse_pod_name("my-broker-12")
     assert (p.statefulset, p.ordinal) == ("my-broker", 12)
+
+
+def test_ordinals_of_cluster_nodes() -> None:
+    """What a drain uses to keep a scale-down's other leaving pods from
+    receiving members: the ordinal of each node of this StatefulSet."""
+    env = {**ENV, "HOSTNAME": "qq-1"}
+    cfg = load_config(BASE, env)
+    names = [f"rabbit@{host(i)}" for i in (0, 1, 4, 70)] + ["rabbit@elsewhere", "other@" + host(2)]
+    assert ordinals(cfg, env, names) == {f"rabbit@{host(i)}": i for i in (0, 1, 4, 70)}
+    plain = load_config("cluster.port = 25672\n", {})
+    assert ordinals(plain, {}, names) == {}  # no StatefulSet discovery: no ordinals

@@ -246,6 +246,19 @@ def test_bad_requests_get_json_reasons(defs_cluster: MgmtCluster, method: str, p
     assert body["error"]
 
 
+def test_drain_refuses_desired_replicas_without_statefulset_discovery(defs_cluster: MgmtCluster) -> None:
+    """`desired_replicas` (a scale-down's other leaving pods) needs the pods'
+    ordinals; a node that cannot tell them refuses rather than drain onto them."""
+    api = defs_cluster.apis[0]
+    node = defs_cluster.names[2]
+    for raw, reason in ((b'{"desired_replicas": 2}', "cluster.discovery = statefulset"),
+                        (b'{"desired_replicas": -1}', "0 or more"),
+                        (b'{"desired_replicas": "2"}', "'desired_replicas' must be int"),
+                        (b'{"exclude": []}', "unknown key 'exclude'")):
+        status, body = api.call("POST", f"/api/nodes/{node}/drain", raw=raw)
+        assert status == 400 and reason in body["reason"], (raw, body)
+
+
 def test_bad_boolean_query_flag(defs_cluster: MgmtCluster) -> None:
     api = defs_cluster.apis[0]
     assert api.put("/api/queues/%2F/flags", QQ)[0] == 201
