@@ -151,6 +151,20 @@ def test_audit_figures_match_storage_and_disk_then_growth(spark: Any, scenario: 
     segs = spark.read.parquet(str(out / "segments"))
     assert segs.where("state = 'pinned'").count() > 0
 
+    # The Kubernetes jobs (CronJob, ScheduledSparkApplication) share no volume:
+    # they read each node's storage manifest over the API only. Same figures.
+    code_api, s_api = audit.run(spark, audit.parse_args(
+        ["--api", ",".join(a.base for a in c.apis), "--out", str(tmp_path / "out-api"),
+         "--now", T0.isoformat(), "--no-html"]))
+    assert s_api["problems"] == [] and not s_api["empty"]
+    keys = ("node", "group_id", "queue", "segments", "segment_bytes", "live_entries",
+            "live_messages", "snapshot_index", "pinned_bytes", "reclaimable_bytes")
+
+    def member_rows(summary: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return sorted((tuple(m.get(k) for k in keys) for m in summary["members"]), key=str)
+    assert member_rows(s_api) == member_rows(s)
+    assert [q["queue"] for q in s_api["queues"]] == [q["queue"] for q in s["queues"]]
+
     # Second run, an hour later: rabbit-3 is down, `gone` was deleted while it
     # was, `orders` grew.
     w.phase2()
