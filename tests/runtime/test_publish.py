@@ -249,8 +249,13 @@ class _FakeNode:
         self.q: _FakeQueue | None = q
         self._loop = asyncio.get_running_loop()
 
+        self.finished: list[Any] = []  # what Node.commands_settled counts down
+
     def live_queue(self, uid: Any) -> _FakeQueue | None:
         return self.q
+
+    def _reliable_finished(self, uid: Any) -> None:
+        self.finished.append(uid)
 
 
 async def test_settles_and_channel_down_are_resent_until_applied() -> None:
@@ -270,6 +275,7 @@ async def test_settles_and_channel_down_are_resent_until_applied() -> None:
             await asyncio.sleep(0.005)
     await asyncio.wait_for(wait(), 5)
     assert q.calls == 4 and applied == [1]
+    assert node.finished == [q.uid]  # ended once, when applied (not per re-send)
     await asyncio.sleep(0.05)
     assert q.calls == 4
 
@@ -281,3 +287,4 @@ async def test_settles_and_channel_down_are_resent_until_applied() -> None:
     calls = gone.calls
     await asyncio.sleep(1.2)
     assert gone.calls <= calls + 1
+    assert node2.finished == [gone.uid]  # ended once the queue was gone
