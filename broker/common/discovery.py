@@ -72,6 +72,11 @@ def host_for(values: Mapping[str, Any], statefulset: str, ordinal: int, namespac
                              f"{exc}") from None
 
 
+def node_name_for(values: Mapping[str, Any], statefulset: str, ordinal: int, namespace: str) -> str:
+    """The node name of the pod with this ordinal (`PREFIX@HOST`)."""
+    return f"{values['cluster.statefulset.node_name_prefix']}@{host_for(values, statefulset, ordinal, namespace)}"
+
+
 def ordinals(values: Mapping[str, Any], environ: Mapping[str, str],
              names: Iterable[str]) -> dict[str, int]:
     """The StatefulSet ordinal of each of `names` that is a node of this
@@ -80,13 +85,12 @@ def ordinals(values: Mapping[str, Any], environ: Mapping[str, str],
     pods (ordinals at or above the desired replicas) from receiving members."""
     if values["cluster.discovery"] != "statefulset":
         return {}
-    ident = parse_pod_name(pod_name_from(values, environ))
+    statefulset = parse_pod_name(pod_name_from(values, environ)).statefulset
     namespace = values["cluster.statefulset.namespace"] or environ.get("POD_NAMESPACE", "")
-    prefix = values["cluster.statefulset.node_name_prefix"]
     wanted = set(names)
     out: dict[str, int] = {}
     for ordinal in range(1024):  # a bound far above any broker StatefulSet
-        name = f"{prefix}@{host_for(values, ident.statefulset, ordinal, namespace)}"
+        name = node_name_for(values, statefulset, ordinal, namespace)
         if name in wanted:
             out[name] = ordinal
             if len(out) == len(wanted):
@@ -112,12 +116,11 @@ def resolve(values: Mapping[str, Any], environ: Mapping[str, str],
     if not namespace and "{namespace}" in template:
         raise DiscoveryError("cluster.statefulset.namespace: required (or POD_NAMESPACE from "
                              "metadata.namespace)")
-    prefix = values["cluster.statefulset.node_name_prefix"]
     initial = values["cluster.statefulset.initial_replicas"]
     port = values["cluster.port"]
 
     def name(ordinal: int) -> str:
-        return f"{prefix}@{host_for(values, ident.statefulset, ordinal, namespace)}"
+        return node_name_for(values, ident.statefulset, ordinal, namespace)
 
     me = name(ident.ordinal)
     founders = [name(i) for i in range(initial)]

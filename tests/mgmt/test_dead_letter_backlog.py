@@ -10,8 +10,6 @@ not) and the backlog falls to 0 in both views.
 transfer with in-process nodes; this one a crash.)"""
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pika
 import pytest
 
@@ -25,23 +23,15 @@ ARGS = {"x-queue-type": "quorum", "x-dead-letter-exchange": "", "x-dead-letter-r
 COUNT, SIZE = 30, 100
 
 
-@pytest.fixture(scope="module")
-def dl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MgmtCluster]:
-    c = MgmtCluster(tmp_path_factory.mktemp("dl-cluster"))
-    c.start()
-    yield c
-    c.kill_all()
-
-
 def _source(api: object) -> dict[str, int]:
     status, q = api.get("/api/queues/%2F/bl-src")  # type: ignore[attr-defined]
     assert status == 200, q
     return q  # type: ignore[no-any-return]
 
 
-def test_backlog_shown_then_delivered_after_the_leader_is_killed(dl_cluster: MgmtCluster) -> None:
-    names = [n.name for n in dl_cluster.nodes]
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", dl_cluster.nodes[0].port))
+def test_backlog_shown_then_delivered_after_the_leader_is_killed(mgmt_cluster: MgmtCluster) -> None:
+    names = [n.name for n in mgmt_cluster.nodes]
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", mgmt_cluster.nodes[0].port))
     ch = conn.channel()
     ch.confirm_delivery()
     ch.queue_declare("bl-src", durable=True, arguments=ARGS)
@@ -50,24 +40,24 @@ def test_backlog_shown_then_delivered_after_the_leader_is_killed(dl_cluster: Mgm
         ch.basic_publish("", "bl-src", b)  # confirmed: the publish raises otherwise
     conn.close()
 
-    api = dl_cluster.apis[0]
+    api = mgmt_cluster.apis[0]
     # expired, no target yet: they wait in the source, counted as dead letters
     wait_for(lambda: _source(api).get("messages_dlx") == COUNT, 30, f"{COUNT} dead letters waiting")
     q = _source(api)
     assert q["message_bytes_dlx"] == COUNT * SIZE and q["messages_ready"] == 0, q
     leader = q["leader"]
     li = names.index(leader)
-    text = metrics_text(dl_cluster.nodes[li].metrics_port)
+    text = metrics_text(mgmt_cluster.nodes[li].metrics_port)
     assert metric(text, "qq_queue_messages_dlx", vhost="/", queue="bl-src") == COUNT
     assert metric(text, "qq_queue_messages_dlx_bytes", vhost="/", queue="bl-src") == COUNT * SIZE
 
     # the leader's node dies; another member takes over the source and its worker
-    dl_cluster.nodes[li].kill()
+    mgmt_cluster.nodes[li].kill()
     other = next(i for i in range(3) if i != li)
-    oapi = dl_cluster.apis[other]
+    oapi = mgmt_cluster.apis[other]
     wait_for(lambda: _source(oapi).get("leader") not in (None, leader), 30, "a new leader")
     assert _source(oapi)["messages_dlx"] == COUNT  # nothing lost with the old leader
-    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", dl_cluster.nodes[other].port))
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", mgmt_cluster.nodes[other].port))
     ch = conn.channel()
     ch.queue_declare("bl-dlq", durable=True, arguments={"x-queue-type": "quorum"})
     wait_for(lambda: _source(oapi).get("messages_dlx") == 0, 60, "the dead letters delivered")
@@ -81,5 +71,5 @@ def test_backlog_shown_then_delivered_after_the_leader_is_killed(dl_cluster: Mgm
     conn.close()
     assert set(got) == set(bodies)  # every one delivered (a re-sent duplicate is allowed)
     new_leader = names.index(_source(oapi)["leader"])
-    text = metrics_text(dl_cluster.nodes[new_leader].metrics_port)
+    text = metrics_text(mgmt_cluster.nodes[new_leader].metrics_port)
     assert metric(text, "qq_queue_messages_dlx", vhost="/", queue="bl-src") == 0
