@@ -250,9 +250,18 @@ class DeleteExclusiveQueues:
 
 @dataclass(frozen=True, slots=True)
 class SetQueueMembers:
+    """Record the queue's members as the Raft group's committed configuration
+    at `config_index` reports them. A report of an earlier configuration than
+    the recorded one changes nothing (reports race: two membership changes of
+    one queue may finish in either order), nor does one about an earlier
+    incarnation of the queue (`created_at` differs). 0 for both: written by
+    an older broker, applied as it comes."""
+
     vhost: VhostName
     name: QueueName
     members: tuple[NodeName, ...]
+    config_index: int = 0
+    created_at: int = 0
 
     def __post_init__(self) -> None:
         if not self.members or len(set(self.members)) != len(self.members):

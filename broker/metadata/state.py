@@ -132,6 +132,9 @@ class QueueRecord:
     status: QueueStatus = "running"
     server_named: bool = False
     leader_term: int = 0  # Raft term in which `leader` was elected (0: not known)
+    # Raft index of the committed configuration `members` was read from (0:
+    # the members it was declared with, or written by an older broker).
+    members_index: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1165,5 +1165,13 @@ class RaftNode:
         return self.lead
 
     @property
+    def config_index(self) -> int:
+        """Where `config` took effect: the index of the committed CONFIG entry
+        that made it (or of the snapshot that carries it; 0 for the bootstrap
+        configuration). It grows with every configuration change, so two
+        reports of one group's configuration are ordered by it."""
+        return self._conf_history[-1][0]
+
+    @property
     def commit_index(self) -> int:
         return self.log.committed

@@ -17,6 +17,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from broker import metadata as md
@@ -28,6 +29,34 @@ if TYPE_CHECKING:
 
 Progress = Callable[[dict[str, Any]], None] | None
 PROMOTION_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfigReport:
+    """A queue group's committed configuration and the Raft index where it
+    took effect (reports of one group are ordered by it)."""
+
+    voters: frozenset[str]
+    learners: frozenset[str]
+    index: int
+
+    @property
+    def members(self) -> frozenset[str]:
+        return self.voters | self.learners
+
+    @classmethod
+    def read(cls, raft: Any) -> RaftConfigReport:
+        c = raft.config
+        return cls(frozenset(map(str, c.voters)), frozenset(map(str, c.learners)), raft.config_index)
+
+    def wire(self) -> dict[str, Any]:
+        return {"voters": sorted(self.voters), "learners": sorted(self.learners), "index": self.index}
+
+    @classmethod
+    def of(cls, raw: Any) -> RaftConfigReport:
+        if not isinstance(raw, dict) or not {"voters", "learners", "index"} <= raw.keys():
+            raise MembershipError(503, f"unexpected answer from the queue's leader: {raw!r}")
+        return cls(frozenset(raw["voters"]), frozenset(raw["learners"]), int(raw["index"]))
 
 
 class MembershipError(Exception):
@@ -86,24 +115,56 @@ class Membership:
                 raise MembershipError(503, f"queue '{queue}' in vhost '{vhost}' has no leader")
             await asyncio.sleep(0.1)
 
-    async def _set_members(self, r: md.QueueRecord, members: tuple[str, ...]) -> None:
+    async def raft_config(self, vhost: str, queue: str) -> RaftConfigReport:
+        """The queue's committed Raft configuration, as its leader knows it."""
+        self._record(vhost, queue)
+        return RaftConfigReport.of(await self._leader_call(vhost, queue, ["M", "config"]))
+
+    async def _record_members(self, r: md.QueueRecord, cfg: RaftConfigReport) -> None:
+        """Write the committed configuration `cfg` to the metadata as the
+        queue's members. Never a list built here: the metadata machine keeps
+        the report of the latest configuration (by Raft index) whatever order
+        reports arrive in, so the member list cannot fall behind the group's
+        configuration (a node whose replica the list no longer names deletes
+        it). Members keep the record's order; new ones follow."""
+        members: list[str] = [m for m in r.members if m in cfg.members]
+        members += sorted(m for m in cfg.members if m not in members)
         reply = await self.node.meta_execute(md.SetQueueMembers(
-            r.vhost, r.name, tuple(md.NodeName(m) for m in members)))
+            r.vhost, r.name, tuple(md.NodeName(m) for m in members), cfg.index, r.created_at))
         if isinstance(reply, md.MetadataError):
             raise MembershipError(400, reply.text)
 
+    async def _change(self, r: md.QueueRecord, op: str, node_name: str) -> RaftConfigReport:
+        """Propose a single-server change on the leader and return the
+        configuration once it is committed. A change that committed though
+        its answer was lost (the leader changed, a retry is refused as
+        already done) counts as done: the leader's configuration says so."""
+        result = await self._leader_call(r.vhost, r.name, ["M", op, node_name])
+        if isinstance(result, Refused):
+            cfg = await self.raft_config(r.vhost, r.name)
+            if (node_name in cfg.members) == (op == "add"):
+                return cfg
+            raise MembershipError(400, result.reason)
+        return RaftConfigReport.of(result)
+
     # ------------------------------------------------------------ single queue
-    async def add_member(self, vhost: str, queue: str, node_name: str) -> None:
+    async def add_member(self, vhost: str, queue: str, node_name: str,
+                         if_missing: bool = False) -> None:
+        """Add a member on `node_name` (a learner until it has caught up and
+        the leader promotes it). With `if_missing`, a member already there
+        is fine (grow, drain)."""
         r = self._record(vhost, queue)
         if node_name not in self._cluster_nodes():
             raise MembershipError(400, f"node '{node_name}' is not a member of this cluster")
-        if node_name in r.members:
-            raise MembershipError(400, f"node '{node_name}' is already a member of queue '{queue}' "
-                                       f"in vhost '{vhost}'")
-        result = await self._leader_call(vhost, queue, ["M", "add", node_name])
-        if isinstance(result, Refused):
-            raise MembershipError(400, result.reason)
-        await self._set_members(r, (*r.members, node_name))
+        cfg = await self.raft_config(vhost, queue)
+        if node_name in cfg.members:
+            if node_name in r.members and not if_missing:
+                raise MembershipError(400, f"node '{node_name}' is already a member of queue "
+                                           f"'{queue}' in vhost '{vhost}'")
+            # Joined in Raft (maybe the metadata has not caught up): finish.
+        else:
+            cfg = await self._change(r, "add", node_name)
+        await self._record_members(r, cfg)
         await self._await_voter(vhost, queue, node_name)
 
     async def _await_voter(self, vhost: str, queue: str, node_name: str) -> None:
@@ -120,22 +181,24 @@ class Membership:
 
     async def delete_member(self, vhost: str, queue: str, node_name: str, force: bool = False) -> None:
         r = self._record(vhost, queue)
-        if node_name not in r.members:
+        cfg = await self.raft_config(vhost, queue)
+        if node_name not in cfg.members:
+            if node_name in r.members:  # removed in Raft, not yet in the metadata: finish
+                await self._record_members(r, cfg)
+                return
             raise MembershipError(404, f"node '{node_name}' is not a member of queue '{queue}' in "
                                        f"vhost '{vhost}'")
-        if len(r.members) == 1:
+        if len(cfg.members) == 1:
             raise MembershipError(400, f"cannot delete the last member of queue '{queue}' in vhost "
                                        f"'{vhost}'")
-        remaining = [m for m in r.members if m != node_name]
-        online = [m for m in remaining if self._online(m)]
-        if not force and len(online) < _quorum(len(remaining)):
+        voters = [m for m in cfg.voters if m != node_name]
+        online = [m for m in voters if self._online(m)]
+        if not force and len(online) < _quorum(len(voters)):
             raise MembershipError(409, f"deleting member '{node_name}' would leave queue '{queue}' in "
                                        f"vhost '{vhost}' without an online quorum "
-                                       f"({len(online)} of {len(remaining)} online); use force")
-        result = await self._leader_call(vhost, queue, ["M", "remove", node_name])
-        if isinstance(result, Refused):
-            raise MembershipError(400, result.reason)
-        await self._set_members(r, tuple(remaining))
+                                       f"({len(online)} of {len(voters)} online); use force")
+        cfg = await self._change(r, "remove", node_name)
+        await self._record_members(r, cfg)
 
     async def transfer_leader(self, vhost: str, queue: str, target: str) -> None:
         r = self._record(vhost, queue)
@@ -185,7 +248,8 @@ class Membership:
             raise MembershipError(400, f"node '{node_name}' is not a member of this cluster")
         todo = [r for r in self._matching(vhost_pattern, queue_pattern)
                 if node_name not in r.members and (strategy == "all" or len(r.members) % 2 == 0)]
-        return await self._each(todo, lambda r: self.add_member(r.vhost, r.name, node_name), progress)
+        return await self._each(todo, lambda r: self.add_member(r.vhost, r.name, node_name,
+                                                                if_missing=True), progress)
 
     async def shrink(self, node_name: str, errors_only: bool = False,
                      progress: Progress = None) -> list[dict[str, Any]]:
@@ -235,14 +299,22 @@ class Membership:
                   if n != node_name and n not in exclude and self._online(n)]
 
         async def move(r: md.QueueRecord) -> None:
+            # Decided from the leader's configuration, not this node's copy
+            # of the metadata (which may lag behind it).
+            cfg = await self.raft_config(r.vhost, r.name)
+            if node_name not in cfg.members:
+                if node_name in r.members:
+                    await self._record_members(r, cfg)
+                return
             if self.node.queue_leader(r.vhost, r.name) == node_name:
-                voters = [m for m in r.members if m != node_name and m in others]
+                voters = [m for m in sorted(cfg.voters) if m != node_name and m in others]
                 if voters:
                     await self.transfer_leader(r.vhost, r.name, voters[0])
-            spare = [n for n in others if n not in r.members]
+            spare = [n for n in others if n not in cfg.members]
             if spare:
                 load = {n: sum(n in q.members for q in self.node.meta.state.queues.values()) for n in spare}
-                await self.add_member(r.vhost, r.name, min(spare, key=lambda n: (load[n], n)))
+                await self.add_member(r.vhost, r.name, min(spare, key=lambda n: (load[n], n)),
+                                      if_missing=True)
             await self.delete_member(r.vhost, r.name, node_name)
         todo = [r for r in self._matching(".*", ".*") if node_name in r.members]
         return await self._each(todo, move, progress)
@@ -373,6 +445,8 @@ def control(q: Any, payload: list[Any]) -> Any:
 
     op = payload[1]
     g = q.group
+    if op == "config":
+        return RaftConfigReport.read(g.node).wire()
     if op == "status":
         st = g.node.status()
         members = []
@@ -394,8 +468,22 @@ def control(q: Any, payload: list[Any]) -> Any:
             g._kick()
             return "ok"
         kind = {"add": ConfChangeKind.ADD_LEARNER, "remove": ConfChangeKind.REMOVE}[op]
-        return g.propose_conf(ConfChange(kind, NodeId(payload[2])))
+        applied = g.propose_conf(ConfChange(kind, NodeId(payload[2])))
     except (ConfChangePending, TransferInProgress, ProposalDropped) as exc:
         raise RuntimeError(str(exc)) from None  # transient: the caller retries
     except RaftError as exc:
         return Refused(str(exc))
+    # Answered once committed and applied, with the configuration then in force.
+    out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def done(f: asyncio.Future[Any]) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.set_exception(RuntimeError("the change was cancelled"))
+        elif f.exception() is not None:
+            out.set_exception(f.exception())  # type: ignore[arg-type]
+        else:
+            out.set_result(RaftConfigReport.read(g.node).wire())
+    applied.add_done_callback(done)
+    return out

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from broker import metadata as md
 from broker import queue as qm
 from broker import storage as st
@@ -556,10 +558,7 @@ class Node:
         if payload and payload[0] == "M":  # membership control, see membership.control
             result = membership_control(q, payload)
             if isinstance(result, asyncio.Future):
-                out = asyncio.get_running_loop().create_future()
-                result.add_done_callback(lambda f: out.done() or (
-                    out.set_exception(f.exception()) if f.exception() else out.set_result("ok")))
-                return out
+                return result
             done_fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             done_fut.set_result(result)
             return done_fut
@@ -745,11 +744,9 @@ class Node:
             gid = self._group_id(record)
             try:
                 glog = self.storage.open_group(gid)
-                # A member joining later starts as a learner with no voters: it
-                # cannot campaign, and learns the real configuration from the leader.
+                voters = self._bootstrap_voters(record, glog, joining)
                 q = QuorumQueue(self, record.vhost, record.name, config, glog,
-                                [] if joining else list(record.members), self.raft_config,
-                                learner=joining)
+                                voters, self.raft_config, learner=not voters)
             except st.StorageError as exc:
                 # This member's data is unusable (corrupt file, unreadable
                 # snapshot): it stays stopped, the node and the queue's other
@@ -763,8 +760,8 @@ class Node:
                 return
             q.snapshot_every = self.config["raft.snapshot_interval"]  # type: ignore[union-attr]
             self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
-            if len(record.members) == 1 or (record.leader == self.node_name
-                                            and q.group.glog.last_index() == 0):  # type: ignore[union-attr]
+            if voters and (len(record.members) == 1 or (record.leader == self.node_name
+                                                        and q.group.glog.last_index() == 0)):  # type: ignore[union-attr]
                 self._campaign_until_led(q, time.monotonic() + 5.0)
         elif _durable_classic(record):
             assert self.storage is not None
@@ -789,6 +786,28 @@ class Node:
         q.uid = uid
         self.queues[key] = q
 
+    @staticmethod
+    def _bootstrap_voters(record: md.QueueRecord, glog: Any, joining: bool) -> list[str]:
+        """The voters this member's Raft group starts from until its log (or
+        snapshot) says otherwise; decided once, when the group is created
+        here, and kept beside its log so a restart decides the same.
+
+        The queue's declared members start from that list. Any member created
+        later (added by a membership change, or first started here after one:
+        the record's `members_index` is set) starts with no voters, as a
+        learner that cannot campaign and takes its configuration from the
+        leader. Never today's member list: with an empty or short log, a node
+        that took it for the configuration could win an election among other
+        such nodes and overwrite committed entries."""
+        raw = glog.read_bootstrap()
+        if raw is not None:
+            return [str(m) for m in msgpack.unpackb(raw)]
+        if glog.last_index() != 0 or glog.snapshot_meta() is not None:
+            return list(record.members)  # a log written before bootstrap records existed
+        voters: list[str] = [] if joining or record.members_index else list(record.members)
+        glog.write_bootstrap(msgpack.packb(voters))
+        return voters
+
     def _members_changed(self, eff: Any) -> None:
         """A member joined or left: start a joining member here (as a learner
         that waits for the leader's log), or stop the one leaving. The queue's
@@ -812,6 +831,17 @@ class Node:
             if q is not None and new_q is not None:
                 self._carry_over(q, new_q)
         elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
+            raft = q.group.node
+            if me in raft.config.members and raft.config_index >= record.members_index:
+                # The record's list is not from a configuration after the one
+                # this replica knows, which still has it (an unindexed list):
+                # deleting the replica could cost the group its quorum for
+                # good. Kept; a later report settles it. (A removed member
+                # never applied its removal, so its configuration is older.)
+                log.warning("queue %s/%s: the metadata no longer lists this node but its Raft "
+                            "configuration at %d (the record's is from %d) does: member kept",
+                            record.vhost, record.name, raft.config_index, record.members_index)
+                return
             q.close()
             self._drop_group(q)
             del self.queues[key]

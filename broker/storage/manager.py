@@ -427,6 +427,27 @@ class GroupLog:
             self._check()
             return self._snapshot
 
+    # The group's bootstrap record: what its host decided when the group was
+    # created here (e.g. the Raft configuration to start from), kept beside
+    # the log so every restart decides the same. Written once, durably.
+    _BOOTSTRAP = "bootstrap"
+
+    def read_bootstrap(self) -> bytes | None:
+        """The bootstrap record, or None if this group has none."""
+        self._check()
+        try:
+            return read_file(os.path.join(self.path, self._BOOTSTRAP))
+        except FileNotFoundError:
+            return None
+
+    def write_bootstrap(self, data: bytes) -> None:
+        """Write the bootstrap record (tmp + fsync + rename + dir fsync)."""
+        self._check()
+        try:
+            write_file_atomic(os.path.join(self.path, self._BOOTSTRAP), [data])
+        except OSError as exc:
+            raise StorageIOError(f"group {self.group_id!r}: writing its bootstrap record: {exc}") from exc
+
     @property
     def failed(self) -> BaseException | None:
         """The error that stopped this group, if any."""

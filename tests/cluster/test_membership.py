@@ -14,9 +14,11 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from broker import metadata as md
 from broker.common.config import load_config
 from broker.runtime.membership import MembershipError
 from broker.runtime.node import Node
+from broker.runtime.queues import QuorumQueue
 from tests.e2e.broker_proc import free_port
 
 pytestmark = pytest.mark.slow
@@ -126,4 +128,62 @@ async def test_membership_operations(nodes: list[Node]) -> None:
             await msg.ack()
         assert got == [f"{q}-{i}".encode() for i in range(20)]
     await conn2.close()
+    await conn.close()
+
+
+async def test_changes_made_from_a_stale_metadata_copy_follow_the_raft_configuration(
+        nodes: list[Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed-7102 loss: member lists were read-modify-writes of the local
+    (possibly stale) metadata record, and a node the list no longer named
+    deleted its replica though it was a Raft voter, so the queue lost its
+    quorum for good. Now the list written is the leader's committed Raft
+    configuration, ordered by its index, and a voter keeps its replica."""
+    by_name = {n.node_name: n for n in nodes}
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{nodes[0].port}/")
+    ch = await conn.channel(publisher_confirms=True)
+    await ch.declare_queue("stale", durable=True, arguments={"x-queue-type": "quorum",
+                                                            "x-quorum-initial-group-size": 1})
+    for i in range(30):
+        await ch.default_exchange.publish(aio_pika.Message(f"s-{i}".encode()), routing_key="stale")
+    (a,) = nodes[0].queue_record("/", "stale").members
+    b, c = sorted(n for n in by_name if n != a)
+    m = nodes[0].membership
+    await m.add_member("/", "stale", b)
+    stale = nodes[0].queue_record("/", "stale")
+    assert set(stale.members) == {a, b}
+    await m.add_member("/", "stale", c)
+
+    # b's copy of the metadata still says {a, b} (as on a node that was cut
+    # off while the second change ran); b removes itself.
+    nb = by_name[b]
+    monkeypatch.setattr(nb.membership, "_record", lambda vhost, queue: stale)
+    await nb.membership.delete_member("/", "stale", b)
+    monkeypatch.undo()
+    assert (await m.raft_config("/", "stale")).members == {a, c}
+    for n in nodes:
+        await _until(lambda n=n: set(n.queue_record("/", "stale").members) == {a, c})
+    assert isinstance(by_name[c].queues[("/", "stale")], QuorumQueue)
+    await _until(lambda: not isinstance(nb.queues[("/", "stale")], QuorumQueue))
+
+    # An unindexed list leaving c out (what the old code could write): c is a
+    # voter of a configuration at least as new, so it keeps its replica.
+    await nodes[0].meta_execute(md.SetQueueMembers(md.VhostName("/"), md.QueueName("stale"),
+                                                   (md.NodeName(a),)))
+    for n in nodes:
+        await _until(lambda n=n: n.queue_record("/", "stale").members == (a,))
+    assert isinstance(by_name[c].queues[("/", "stale")], QuorumQueue)
+
+    # Acks commit only with c's replica ({a, c} is the quorum): all 30 come back.
+    ch2 = await conn.channel()
+    queue = await ch2.declare_queue("stale", passive=True)
+    got = []
+    while len(got) < 30:
+        msg = await queue.get(timeout=10, fail=False)
+        assert msg is not None, f"only {len(got)} messages"
+        got.append(msg.body)
+        await msg.ack()
+    assert got == [f"s-{i}".encode() for i in range(30)]
+    await ch2.close()
+    ch3 = await conn.channel()
+    assert (await ch3.declare_queue("stale", passive=True)).declaration_result.message_count == 0
     await conn.close()

@@ -360,6 +360,34 @@ def test_a_late_report_of_an_earlier_election_never_overwrites_a_later_one() -> 
     assert d.state.queues[("/", "qq")].leader == "n1"
 
 
+def test_a_report_of_an_earlier_raft_configuration_never_overwrites_a_later_one() -> None:
+    """Membership changes report the committed Raft configuration and its
+    index; reports race, and the record keeps the latest configuration's
+    members whatever order they land in (a stale list would make a voter
+    delete its replica). A report about an earlier queue of that name (other
+    created_at) changes nothing."""
+    d = Driver()
+    d.ok(Q("qq", arguments=QQ))
+    created = d.state.queues[("/", "qq")].created_at
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n2", "n3", "n4"), 40, created))
+    assert d.effects == [MembersChanged("/", "qq", N, ("n1", "n2", "n3", "n4"))]
+    assert d.state.queues[("/", "qq")].members_index == 40
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3", "n4"), 57, created))  # n2 removed at 57
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n2", "n3", "n4"), 40, created))  # late: the add at 40
+    assert d.effects == []
+    record = d.state.queues[("/", "qq")]
+    assert (record.members, record.members_index) == (("n1", "n3", "n4"), 57)
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 57, created))  # same index: already recorded
+    assert d.effects == [] and d.state.queues[("/", "qq")].members == ("n1", "n3", "n4")
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 90, created + 1))  # another incarnation
+    assert d.effects == [] and d.state.queues[("/", "qq")].members == ("n1", "n3", "n4")
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 90, created))
+    assert d.effects == [MembersChanged("/", "qq", ("n1", "n3", "n4"), ("n1", "n3"))]
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n2")))  # unindexed (older broker): applied
+    record = d.state.queues[("/", "qq")]
+    assert (record.members, record.members_index) == (("n1", "n2"), 90)
+
+
 def test_bootstrap_and_vhosts() -> None:
     d = Driver(new_state())
     assert d.state.vhosts == {}
