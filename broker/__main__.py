@@ -1,8 +1,4 @@
-"""`qq-broker`: start one broker node.
-
-The node runtime (AMQP server over Raft-replicated quorum queues) is not built
-yet; this entry point says so plainly instead of pretending to serve.
-"""
+"""`qq-broker`: start one broker node (`broker.runtime.node.main`)."""
 from __future__ import annotations
 
 import sys

@@ -254,13 +254,15 @@ class SetQueueMembers:
     at `config_index` reports them. A report of an earlier configuration than
     the recorded one changes nothing (reports race: two membership changes of
     one queue may finish in either order), nor does one about an earlier
-    incarnation of the queue (`created_at` differs). 0 for both: written by
-    an older broker, applied as it comes."""
+    incarnation of the queue (`created_at` differs). A report at the
+    recorded index replaces the list (one index is one configuration).
+    `config_index` None (and `created_at` 0): written by an older broker,
+    applied as it comes."""
 
     vhost: VhostName
     name: QueueName
     members: tuple[NodeName, ...]
-    config_index: int = 0
+    config_index: int | None = None
     created_at: int = 0
 
     def __post_init__(self) -> None:

@@ -675,8 +675,8 @@ def _set_members(meta: CommandMeta, cmd: SetQueueMembers, state: MetadataState) 
         ), []
     if cmd.created_at and cmd.created_at != q.created_at:
         return Ok(), []  # about an earlier queue of that name
-    if cmd.config_index and cmd.config_index <= q.members_index:
-        return Ok(), []  # an earlier (or the same) configuration than the recorded one
+    if cmd.config_index is not None and cmd.config_index < q.members_index:
+        return Ok(), []  # an earlier configuration than the recorded one
     leader = q.leader if q.leader in cmd.members else None
     effects: Effects = []
     if tuple(cmd.members) != q.members:
@@ -684,7 +684,7 @@ def _set_members(meta: CommandMeta, cmd: SetQueueMembers, state: MetadataState) 
     if leader != q.leader:
         effects.append(LeaderChanged(q.vhost, q.name, leader))
     _replace_queue(state, q, members=tuple(cmd.members), leader=leader,
-                   members_index=max(cmd.config_index, q.members_index))
+                   members_index=max(cmd.config_index or 0, q.members_index))
     return Ok(), effects
 
 

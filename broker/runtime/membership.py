@@ -147,6 +147,12 @@ class Membership:
             raise MembershipError(400, result.reason)
         return RaftConfigReport.of(result)
 
+    async def sync_members(self, vhost: str, queue: str) -> None:
+        """Write the leader's committed configuration to the metadata as the
+        queue's members (a repair: nothing changes in Raft)."""
+        r = self._record(vhost, queue)
+        await self._record_members(r, await self.raft_config(vhost, queue))
+
     # ------------------------------------------------------------ single queue
     async def add_member(self, vhost: str, queue: str, node_name: str,
                          if_missing: bool = False) -> None:
@@ -446,6 +452,10 @@ def control(q: Any, payload: list[Any]) -> Any:
     op = payload[1]
     g = q.group
     if op == "config":
+        if g.node.pending_conf_index > g.node.commit_index:
+            # A new leader's first entry (or a change) is not committed yet:
+            # its committed configuration may be older than the group's.
+            raise RuntimeError("the leader's configuration is not settled yet")  # retried
         return RaftConfigReport.read(g.node).wire()
     if op == "status":
         st = g.node.status()

@@ -7,8 +7,9 @@ Runs seeds seed, seed+1, ..., seed+runs-1 one after the other; prints one
 line per run, a replay command for each invalid one, and writes
 `<out>/index.jsonl` (one summary line per run). Exit status 1 if any run was
 invalid (lost or unexpected values), unhealthy (a queue that could not be
-drained even after a full restart, or a Raft group stopped by a broken
-invariant) or failed to run.
+drained even after a full restart, a Raft group stopped by a broken
+invariant, or a queue whose member list in the metadata differs from its
+Raft configuration) or failed to run.
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 "recovered_count", "stuck_until_restart_count", "dead_lettered",
                 "expired_maybe_dropped_count",
                 "max_no_confirm_after_leader_cut_s", "longest_confirm_gap_s",
-                "nemesis_ops", "membership_ops", "drain_complete", "healthy",
+                "nemesis_ops", "membership_ops", "drain_complete", "healthy", "members_agree",
                 "groups_stopped", "elapsed_s", "results",
                 "replay")} | {"seed": cfg.seed, "nodes": cfg.nodes, "nemesis": cfg.nemesis,
                               "variant": cfg.variant}) + "\n")
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             bad += 1
             print(f"        seed {cfg.seed} UNHEALTHY: drain complete "
                   f"{s.get('drain_complete_after_restart')}, groups stopped "
-                  f"{s.get('groups_stopped')}; {s.get('node_errors', [])[:3]}", flush=True)
+                  f"{s.get('groups_stopped')}, member lists agree with Raft "
+                  f"{s.get('members_agree')}; {s.get('node_errors', [])[:3]}", flush=True)
             print(f"        results: {s.get('results')}", flush=True)
             print(f"        replay:  {s.get('replay')}", flush=True)
         if not s.get("valid"):

@@ -128,6 +128,27 @@ def _counts(cluster: ChaosCluster, queue: str) -> dict[str, Any] | None:
     return fallback
 
 
+def member_views(cluster: ChaosCluster, queue: str) -> dict[str, Any]:
+    """The queue's member list as every live node's metadata has it, and the
+    Raft configuration as its leader reports it. They must agree once the
+    cluster is healed: a list naming fewer nodes than the configuration made
+    a voter delete its replica (the seed-7102 loss)."""
+    out: dict[str, Any] = {"metadata": {}, "raft": None}
+    names = cluster.names()
+    for i in cluster.alive():
+        st, body = http("GET", f"{cluster.mgmt_url(i)}/api/queues/%2F/{q(queue)}", timeout=10.0)
+        if st == 200 and isinstance(body, dict):
+            out["metadata"][names[i]] = sorted(body.get("members") or [])
+        if out["raft"] is None:
+            st, body = http("GET", f"{cluster.mgmt_url(i)}/api/queues/%2F/{q(queue)}/quorum-status",
+                            timeout=10.0)
+            if st == 200 and isinstance(body, list):
+                out["raft"] = sorted(m["node"] for m in body)
+    lists = {tuple(v) for v in out["metadata"].values()}
+    out["agree"] = out["raft"] is not None and lists == {tuple(out["raft"])}
+    return out
+
+
 def drain(cluster: ChaosCluster, history: History, queue: str, kind: str,
           timeout: float, stall_s: float = 40.0, process: str = "drain") -> dict[str, Any]:
     """Consume from every node in turn until a whole round gets nothing and
@@ -291,12 +312,16 @@ def run_once(cfg: RunConfig, out: Path) -> dict[str, Any]:
         summary["drain_complete"] = all(d["complete"] for d in summary["drain"])
         final = summary.get("drain_after_restart", summary["drain"])
         summary["drain_complete_after_restart"] = all(d["complete"] for d in final)
+        summary["members"] = {qn: member_views(cluster, qn) for qn, _ in queues}
+        summary["members_agree"] = all(v["agree"] for v in summary["members"].values())
         summary["node_errors"] = node_errors(cluster)
         summary["groups_stopped"] = sum("stopped by an unexpected error" in x
                                         for x in summary["node_errors"])
         # valid = the checker's verdict; healthy = every queue drained (a full
         # restart allowed) and no Raft group stopped on a broken invariant
-        summary["healthy"] = summary["drain_complete_after_restart"] and not summary["groups_stopped"]
+        # and the metadata's member lists equal to the Raft configuration
+        summary["healthy"] = (summary["drain_complete_after_restart"] and not summary["groups_stopped"]
+                              and summary["members_agree"])
         # confirmed values that only a full restart brought back: stuck, not lost
         only_after: dict[Any, bool] = {}
         for e in history.events:
@@ -345,4 +370,4 @@ def one_line(s: dict[str, Any]) -> str:
             f"max_no_confirm_after_leader_cut={s.get('max_no_confirm_after_leader_cut_s')}s "
             f"longest_gap={s.get('longest_confirm_gap_s')}s nemesis_ops={s.get('nemesis_ops')} "
             f"drain_complete={s.get('drain_complete')} groups_stopped={s.get('groups_stopped')} "
-            f"elapsed={s.get('elapsed_s')}s")
+            f"members_agree={s.get('members_agree')} elapsed={s.get('elapsed_s')}s")

@@ -166,12 +166,14 @@ async def test_changes_made_from_a_stale_metadata_copy_follow_the_raft_configura
     await _until(lambda: not isinstance(nb.queues[("/", "stale")], QuorumQueue))
 
     # An unindexed list leaving c out (what the old code could write): c is a
-    # voter of a configuration at least as new, so it keeps its replica.
+    # voter of a configuration at least as new, so it keeps its replica (the
+    # same process throughout) and writes the leader's configuration back.
+    replica = by_name[c].queues[("/", "stale")]
     await nodes[0].meta_execute(md.SetQueueMembers(md.VhostName("/"), md.QueueName("stale"),
                                                    (md.NodeName(a),)))
     for n in nodes:
-        await _until(lambda n=n: n.queue_record("/", "stale").members == (a,))
-    assert isinstance(by_name[c].queues[("/", "stale")], QuorumQueue)
+        await _until(lambda n=n: set(n.queue_record("/", "stale").members) == {a, c})
+    assert by_name[c].queues[("/", "stale")] is replica and not replica.deleted
 
     # Acks commit only with c's replica ({a, c} is the quorum): all 30 come back.
     ch2 = await conn.channel()

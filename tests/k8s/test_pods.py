@@ -263,3 +263,63 @@ def test_pods_form_join_restart_and_leave(statefulset: Any) -> None:
         assert sorted(got) == sorted(bodies), qn
     conn.close()
 
+
+def test_pods_leaving_together_never_drain_onto_each_other(statefulset: Any) -> None:
+    """A scale-down 5 -> 3 with the chart's podManagementPolicy: Parallel runs
+    the preStops of pods 3 and 4 at the same time. Each drain must place its
+    replacement members on pods 0..2 only: before, one drain could move a
+    member onto the other leaving pod, whose preStop then gave up at its bound
+    (exit 75) still holding it."""
+    import threading
+
+    pod, _ports = statefulset
+    for i in range(3):
+        pod(i).start()
+    for i in range(3):
+        pod(i).wait_ready()
+    for i in (3, 4):
+        pod(i).start().wait_ready()
+    conn = amqp(pod(0))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    sent: dict[str, list[bytes]] = {}
+    for k in range(4):  # every queue has a member on every pod, 3 and 4 included
+        qn = f"wide-{k}"
+        ch.queue_declare(qn, durable=True, arguments={"x-queue-type": "quorum",
+                                                      "x-quorum-initial-group-size": 5})
+        sent[qn] = [f"{qn}-{i}".encode() for i in range(10)]
+        for body in sent[qn]:
+            ch.basic_publish("", qn, body, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    for qn in sent:
+        assert len(pod(0).api("GET", f"/api/queues/%2F/{qn}")[1]["members"]) == 5
+
+    results: dict[int, subprocess.CompletedProcess[str]] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, pod(i).pre_stop(desired=3)))
+               for i in (3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in (3, 4):
+        assert results[i].returncode == 0, results[i].stderr
+        assert "LEAVING" in results[i].stderr and "has left the cluster" in results[i].stderr
+    remaining = {node_name(i) for i in range(3)}
+    for qn in sent:
+        status, q = pod(0).api("GET", f"/api/queues/%2F/{qn}")
+        assert set(q["members"]) == remaining, q
+    for i in (3, 4):
+        pod(i).stop()
+    conn = amqp(pod(1))
+    ch = conn.channel()
+    for qn, bodies in sent.items():
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(bodies) and time.monotonic() < deadline:
+            method, _props, body = ch.basic_get(qn, auto_ack=True)
+            if method is None:
+                time.sleep(0.05)
+                continue
+            got.append(body)
+        assert sorted(got) == sorted(bodies), qn
+    conn.close()

@@ -377,15 +377,19 @@ def test_a_report_of_an_earlier_raft_configuration_never_overwrites_a_later_one(
     assert d.effects == []
     record = d.state.queues[("/", "qq")]
     assert (record.members, record.members_index) == (("n1", "n3", "n4"), 57)
-    d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 57, created))  # same index: already recorded
-    assert d.effects == [] and d.state.queues[("/", "qq")].members == ("n1", "n3", "n4")
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3", "n4"), 57, created))  # same index: same list
+    assert d.effects == []
     d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 90, created + 1))  # another incarnation
     assert d.effects == [] and d.state.queues[("/", "qq")].members == ("n1", "n3", "n4")
     d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 90, created))
     assert d.effects == [MembersChanged("/", "qq", ("n1", "n3", "n4"), ("n1", "n3"))]
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 0, created))  # the bootstrap configuration
+    assert d.effects == [] and d.state.queues[("/", "qq")].members == ("n1", "n3")
     d.ok(SetQueueMembers("/", "qq", ("n1", "n2")))  # unindexed (older broker): applied
     record = d.state.queues[("/", "qq")]
     assert (record.members, record.members_index) == (("n1", "n2"), 90)
+    d.ok(SetQueueMembers("/", "qq", ("n1", "n3"), 90, created))  # the same index repairs it
+    assert d.effects == [MembersChanged("/", "qq", ("n1", "n2"), ("n1", "n3"))]
 
 
 def test_bootstrap_and_vhosts() -> None:

@@ -128,11 +128,12 @@ def world(kube: KubeApi, tmp_path: Path) -> Iterator[dict[str, Any]]:
         obj["metadata"]["namespace"] = NS
         kube.create(obj)
     creds = {k: base64.b64decode(secret["data"][k]).decode() for k in ("username", "password")}
-    # QQ_PLAYER_PARALLEL_SCALE_DOWN=1: every pod above the replicas stops at once, as
-    # the chart's podManagementPolicy: Parallel does (not the default yet: concurrent
-    # drains race on the metadata's member lists, docs/KUBERNETES.md)
-    player = StatefulSetPlayer(kube, STS, tmp_path, parallel_scale_down=os.environ.get(
-        "QQ_PLAYER_PARALLEL_SCALE_DOWN") == "1").start()
+    # the chart's podManagementPolicy: Parallel stops every pod above the replicas at
+    # once on a scale-down, so the player does too (QQ_PLAYER_PARALLEL_SCALE_DOWN=0:
+    # one at a time, highest first, as OrderedReady would)
+    parallel = os.environ.get("QQ_PLAYER_PARALLEL_SCALE_DOWN",
+                              "1" if sts["spec"].get("podManagementPolicy") == "Parallel" else "0")
+    player = StatefulSetPlayer(kube, STS, tmp_path, parallel_scale_down=parallel == "1").start()
     env = {"QQ_OPERATOR_NAMESPACES": NS, "QQ_OPERATOR_PEERING": "standalone",
            "QQ_OPERATOR_LIVENESS_PORT": "0", "QQ_OPERATOR_METRICS_PORT": "0",
            "QQ_OPERATOR_VERBOSE": os.environ.get("QQ_SCENARIO_VERBOSE", "0"),
