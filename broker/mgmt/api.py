@@ -904,6 +904,14 @@ async def quorum_status(request: web.Request) -> web.Response:
     return web.json_response(v.jsonable(result))
 
 
+async def queue_storage(request: web.Request) -> web.Response:
+    """`GET /api/queues/{vhost}/{name}/storage`: every reachable member's
+    segment files and bytes and snapshot bytes, by node."""
+    c, vhost, name = _quorum_queue(request, admin=False)
+    answers = await c.node.cluster_call("queue_storage", [vhost, name])
+    return web.json_response(sorted((a for a in answers if a), key=lambda a: str(a["node"])))
+
+
 async def add_member(request: web.Request) -> web.Response:
     c, vhost, name = _quorum_queue(request)
     node = await _node_in_body(c, request)
@@ -1413,6 +1421,7 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("DELETE", "/api/queues/{vhost}/{name}/contents", purge_queue),
     ("POST", "/api/queues/{vhost}/{name}/get", get_messages),
     ("GET", "/api/queues/{vhost}/{name}/quorum-status", quorum_status),
+    ("GET", "/api/queues/{vhost}/{name}/storage", queue_storage),
     ("POST", "/api/queues/{vhost}/{name}/members", add_member),
     ("DELETE", "/api/queues/{vhost}/{name}/members/{node}", delete_member),
     ("POST", "/api/queues/{vhost}/{name}/leader", transfer_leader),

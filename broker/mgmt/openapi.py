@@ -49,7 +49,15 @@ SCHEMAS: dict[str, Any] = {
                             "mem_used": {"type": "integer", "nullable": True},
                             "mem_limit": {"type": "integer", "nullable": True},
                             "disk_free": {"type": "integer", "nullable": True},
-                            "disk_free_limit": {"type": "integer", "nullable": True}}},
+                            "disk_free_limit": {"type": "integer", "nullable": True},
+                            "wal_bytes": {"type": "integer", "nullable": True},
+                            "segment_files": {"type": "integer", "nullable": True},
+                            "segment_bytes": {"type": "integer", "nullable": True},
+                            "snapshot_bytes": {"type": "integer", "nullable": True}}},
+    "MemberStorage": {"type": "object",
+                      "required": ["node", "segment_files", "segment_bytes", "snapshot_bytes"],
+                      "properties": {"node": _STR, "segment_files": _INT, "segment_bytes": _INT,
+                                     "snapshot_bytes": _INT}},
     "StorageManifest": {
         "type": "object",
         "required": ["node", "data_dir", "generated_at_ms", "wal", "groups", "deleting",
@@ -423,6 +431,9 @@ PATHS: dict[str, Any] = {
     "/api/queues/{vhost}/{name}/quorum-status": {"get": _op(
         "Raft status of every member", {"200": _json(_list_of("MemberStatus"), "members")}, VQ,
         tag="quorum queues")},
+    "/api/queues/{vhost}/{name}/storage": {"get": _op(
+        "segment files and bytes and snapshot bytes of every reachable member",
+        {"200": _json(_list_of("MemberStorage"), "members' storage")}, VQ, tag="quorum queues")},
     "/api/queues/{vhost}/{name}/members": {"post": _op(
         "add a member on a node", {"204": _NO_CONTENT}, VQ, body="AddMember",
         tag="quorum queues")},

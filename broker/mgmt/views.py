@@ -98,6 +98,11 @@ def _resources_view(node: Any, name: str, res: dict[str, Any] | None) -> dict[st
         "mem_limit": res.get("mem_limit"),
         "disk_free": res.get("disk_free"),
         "disk_free_limit": res.get("disk_free_limit"),
+        # the node's storage (not RabbitMQ fields): WAL, segments, snapshots
+        "wal_bytes": res.get("wal_bytes"),
+        "segment_files": res.get("segment_files"),
+        "segment_bytes": res.get("segment_bytes"),
+        "snapshot_bytes": res.get("snapshot_bytes"),
     }
 
 

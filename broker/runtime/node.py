@@ -649,9 +649,16 @@ class Node:
                 if want is None or (uid[0], uid[1]) == want]
         if op == "resources":
             a = self.alarms
+            usage = self.storage.disk_usage() if self.storage is not None else {}
             return {"node": self.node_name, "disk_free": a.disk_free, "disk_free_limit": a.disk_limit,
                     "mem_used": a.mem_used, "mem_limit": a.mem_limit,
-                    "alarms": sorted(a.local)}
+                    "alarms": sorted(a.local), **usage}
+        if op == "queue_storage":
+            # this node's replica of one queue: its segment and snapshot files
+            q = self.queues.get((str(args[0]), str(args[1])))
+            if not isinstance(q, QuorumQueue):
+                return None
+            return {"node": self.node_name, **q.glog.disk_usage()}
         if op == "close_connection":
             return self.close_local_connection(str(args[0]), str(args[1]))
         raise ValueError(f"unknown call {op!r}")

@@ -104,6 +104,11 @@ def test_overview_queues_and_queue_detail(page: Page, cluster: MgmtCluster, arti
     for n in cluster.nodes:
         expect(page.locator("#nodes")).to_contain_text(n.name)
     expect(page.locator("#nodes")).not_to_contain_text("down")
+    size = re.compile(r"^\d+(\.\d+)? (B|KiB|MiB|GiB)$")
+    for i in range(3):  # every node's own WAL and segment bytes (WAL: the metadata at least)
+        cells = nodes.nth(i).locator("td")
+        expect(cells.nth(4)).to_have_text(size)
+        expect(cells.nth(5)).to_have_text(re.compile(r"^\d+(\.\d+)? (B|KiB|MiB|GiB) in \d+ files$"))
     shot(page, artifacts, "overview")
 
     page.get_by_role("link", name="Queues").click()
@@ -127,6 +132,12 @@ def test_overview_queues_and_queue_detail(page: Page, cluster: MgmtCluster, arti
     expect(members).to_have_count(3)
     expect(page.locator("#members")).to_contain_text("leader")
     expect(page.locator("#queue-ready")).to_have_text("5")
+    storage = page.locator("#storage tbody tr")  # each member's segment and snapshot files
+    expect(storage).to_have_count(3)
+    for n in cluster.nodes:
+        expect(page.locator("#storage")).to_contain_text(n.name)
+    expect(storage.first.locator("td").nth(1)).to_have_text(re.compile(r"^\d+$"))
+    expect(storage.first.locator("td").nth(2)).to_have_text(size)
     page.get_by_label("Payload").fill("hello from the browser")
     page.get_by_role("button", name="Publish message").click()
     expect(page.locator("#notice")).to_contain_text("Message published.")

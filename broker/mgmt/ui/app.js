@@ -195,6 +195,8 @@ async function overview(view) {
       { label: "Status", html: (n) => n.running ? '<span class="ok">running</span>' : '<span class="bad">down</span>' },
       { label: "Memory used", html: (n) => `${fmtBytes(n.mem_used)} / ${fmtBytes(n.mem_limit)}${n.mem_alarm ? ' <span class="bad">alarm</span>' : ""}` },
       { label: "Disk free", html: (n) => `${fmtBytes(n.disk_free)} (limit ${fmtBytes(n.disk_free_limit)})${n.disk_free_alarm ? ' <span class="bad">alarm</span>' : ""}` },
+      { label: "WAL", html: (n) => fmtBytes(n.wal_bytes), num: true },
+      { label: "Segments", html: (n) => n.segment_files == null ? "" : `${fmtBytes(n.segment_bytes)} in ${n.segment_files} files`, num: true },
       { label: "QQ members", key: "quorum_queue_members", num: true },
       { label: "QQ leaders", key: "quorum_queue_leaders", num: true },
       { label: "Metadata leader", html: (n) => n.metadata_leader ? "yes" : "" },
@@ -256,9 +258,10 @@ async function queues(view) {
 async function queue(view, [vhost, name]) {
   const path = `/api/queues/${enc(vhost)}/${enc(name)}`;
   const q = await api("GET", path);
-  const [status, consumers, nodes] = await Promise.all([
+  const [status, consumers, nodes, storage] = await Promise.all([
     q.type === "quorum" ? api("GET", `${path}/quorum-status`).catch(() => []) : Promise.resolve([]),
-    api("GET", `/api/consumers/${enc(vhost)}`), api("GET", "/api/nodes")]);
+    api("GET", `/api/consumers/${enc(vhost)}`), api("GET", "/api/nodes"),
+    q.type === "quorum" ? api("GET", `${path}/storage`).catch(() => []) : Promise.resolve([])]);
   const mine = consumers.filter((c) => c.queue.name === name);
   const points = remember(`${vhost}/${name}`, q.message_stats);
   const nonMembers = nodes.map((n) => n.name).filter((n) => !(q.members || []).includes(n));
@@ -286,7 +289,13 @@ async function queue(view, [vhost, name]) {
         <button type="button" class="danger" data-remove="${esc(m.node)}">Remove member</button>` },
     ], status, { id: "members" })}
     <form class="inline" id="add-member"><label>Node <select id="add-member-node" name="node">${nonMembers.map((n) => `<option>${esc(n)}</option>`).join("")}</select></label>
-      <button type="submit" ${nonMembers.length ? "" : "disabled"}>Add member</button><span class="error" role="alert"></span></form>` : ""}
+      <button type="submit" ${nonMembers.length ? "" : "disabled"}>Add member</button><span class="error" role="alert"></span></form>
+    <h3>Storage</h3>${table("Storage", [
+      { label: "Node", key: "node" },
+      { label: "Segment files", key: "segment_files", num: true },
+      { label: "Segment bytes", html: (m) => fmtBytes(m.segment_bytes), num: true },
+      { label: "Snapshot bytes", html: (m) => fmtBytes(m.snapshot_bytes), num: true },
+    ], storage, { id: "storage", empty: "No member answered." })}` : ""}
     <h3>Consumers</h3>${table("Consumers", [
       { label: "Tag", key: "consumer_tag" }, { label: "Channel", html: (c) => esc(c.channel_details.name) },
       { label: "Ack required", html: (c) => c.ack_required ? "yes" : "no" }, { label: "Prefetch", key: "prefetch_count", num: true },
