@@ -197,6 +197,20 @@ def test_policies_are_created_applied_and_deleted(page: Page, cluster: MgmtClust
     wait_for(lambda: api.get("/api/queues/%2F/ui-pol-q")[1]["policy"] is None, what="policy gone")
 
 
+def test_queues_are_grown_onto_a_node_from_the_overview(page: Page, cluster: MgmtCluster) -> None:
+    api = cluster.apis[0]
+    assert api.put("/api/queues/%2F/ui-grow", {"durable": True, "arguments": {
+        "x-queue-type": "quorum", "x-quorum-initial-group-size": 1}})[0] == 201
+    (holder,) = api.get("/api/queues/%2F/ui-grow")[1]["members"]
+    target = next(n.name for n in cluster.nodes if n.name != holder)
+    login(page, cluster)
+    page.get_by_role("button", name=f"Grow every quorum queue onto {target}").click()
+    expect(page.locator("#notice")).to_contain_text(f"onto {target}.", timeout=60_000)
+    expect(page.locator("#notice")).to_contain_text("Grew ")
+    wait_for(lambda: sorted(api.get("/api/queues/%2F/ui-grow")[1]["members"]) == sorted([holder, target]),
+             what="a member on the target")
+
+
 def test_a_connection_is_closed_from_the_ui(page: Page, cluster: MgmtCluster) -> None:
     conn = pika.BlockingConnection(pika.ConnectionParameters(
         "127.0.0.1", cluster.nodes[2].port, client_properties={"connection_name": "ui-victim"}))

@@ -200,7 +200,22 @@ async function overview(view) {
       { label: "QQ members", key: "quorum_queue_members", num: true },
       { label: "QQ leaders", key: "quorum_queue_leaders", num: true },
       { label: "Metadata leader", html: (n) => n.metadata_leader ? "yes" : "" },
+      { label: "", html: (n) => n.running ? `<button type="button" data-grow="${esc(n.name)}" aria-label="Grow every quorum queue onto ${esc(n.name)}">Grow queues onto</button>` : "" },
     ], nodes, { id: "nodes" })}`;
+  for (const b of view.querySelectorAll("button[data-grow]")) {
+    b.addEventListener("click", async () => {
+      const node = b.dataset.grow;
+      if (!confirm(`Add a member on ${node} to every quorum queue that has none there?`)) return;
+      b.disabled = true;
+      try {
+        const results = await api("POST", "/api/quorum-queues/grow", { node, strategy: "all" });
+        const failed = results.filter((r) => r.result !== "ok");
+        notice(`Grew ${results.length - failed.length} queue(s) onto ${node}` +
+          (failed.length ? `; ${failed.length} failed: ${failed.map((r) => `${r.name}: ${r.reason}`).join("; ")}` : "."));
+      } catch (e) { notice(e.message); }
+      finally { b.disabled = false; }
+    });
+  }
 }
 
 // ---------------------------------------------------------------- queues
