@@ -235,6 +235,11 @@ def test_a_node_down_is_shown_and_its_return_too(page: Page, cluster: MgmtCluste
         expect(page.locator("#nodes tr", has_text=victim.name)).to_contain_text("down", timeout=40_000)
         expect(page.locator("#banner")).to_contain_text(re.compile(f"down: .*{re.escape(victim.name)}"))
         shot(page, artifacts, "node-down")
+        # every page says so, not only the overview
+        page.get_by_role("link", name="Queues").click()
+        expect(page.locator("#queues")).to_be_visible()
+        expect(page.locator("#banner")).to_contain_text(re.compile(f"down: .*{re.escape(victim.name)}"))
+        page.get_by_role("link", name="Overview").click()
     finally:
         victim.start(timeout=120)
     expect(page.locator("#nodes tr", has_text=victim.name)).to_contain_text("running", timeout=60_000)

@@ -15,6 +15,7 @@ class ApiError extends Error {
   constructor(status, body) {
     super((body && (body.reason || body.error)) || `HTTP ${status}`);
     this.status = status;
+    this.body = body;
   }
 }
 
@@ -43,6 +44,11 @@ async function api(method, path, body) {
 function banner(msg) {
   const b = $("#banner");
   if (msg) { b.textContent = msg; b.hidden = false; } else { b.hidden = true; b.textContent = ""; }
+}
+
+function downBanner(nodes) {
+  const down = nodes.filter((n) => !n.running).map((n) => n.name);
+  if (down.length) banner(`Node${down.length > 1 ? "s" : ""} down: ${down.join(", ")}`);
 }
 
 function notice(msg) {
@@ -112,6 +118,7 @@ async function route(refresh = false) {
     const state = refresh ? captureForm(view) : null;
     await fn(view, parts.slice(1));
     if (state) restoreForm(view, state);
+    if (fn !== overview) downBanner(await api("GET", "/api/nodes"));  // on every page
   } catch (e) {
     if (e.status !== 401) view.innerHTML = `<h2>Error</h2><p class="error">${esc(e.message)}</p>`;
   }
@@ -172,10 +179,10 @@ function remember(key, ms) {
 
 async function overview(view) {
   const [ov, nodes, alarms] = await Promise.all([api("GET", "/api/overview"), api("GET", "/api/nodes"),
-    api("GET", "/api/health/checks/alarms").catch((e) => ({ status: "failed", reason: e.message }))]);
+    // in alarm the check answers 503 with the alarms in its body
+    api("GET", "/api/health/checks/alarms").catch((e) => e.body && Array.isArray(e.body.alarms) ? e.body : { status: "failed", reason: e.message })]);
   $("#served-by").textContent = ov.node;
-  const down = nodes.filter((n) => !n.running).map((n) => n.name);
-  if (down.length) banner(`Node${down.length > 1 ? "s" : ""} down: ${down.join(", ")}`);
+  downBanner(nodes);
   const qt = ov.queue_totals, ot = ov.object_totals;
   const points = remember("__overview", ov.message_stats);
   view.innerHTML = `<h2>Overview</h2>
