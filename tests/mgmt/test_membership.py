@@ -219,6 +219,33 @@ def test_qqctl_entry_point_runs(mgmt_cluster: MgmtCluster) -> None:
     assert len(json.loads(proc.stdout)["nodes"]) == 3
 
 
+def test_storage_of_each_member_and_node(mgmt_cluster: MgmtCluster) -> None:
+    """`GET /api/queues/{vhost}/{name}/storage`: each member's own segment and
+    snapshot files (every node answers for its replica); `/api/nodes`: each
+    node's WAL and segment bytes. Compared with the files on disk."""
+    c = mgmt_cluster
+    declare(c, 0, "st1", 2)
+    holders = members(c.apis[0], "st1")
+    status, body = c.apis[2].get("/api/queues/%2F/st1/storage")
+    assert status == 200, body
+    assert sorted(m["node"] for m in body) == holders
+    for m in body:
+        assert {"segment_files", "segment_bytes", "snapshot_bytes"} <= m.keys()
+        assert m["segment_files"] >= 0 and m["segment_bytes"] >= 0 and m["snapshot_bytes"] >= 0
+    classic = c.apis[0].put("/api/queues/%2F/st-classic", {"durable": True})
+    assert classic[0] == 201
+    code, err = c.apis[0].get("/api/queues/%2F/st-classic/storage")
+    assert code == 400 and "not a quorum queue" in err["reason"]
+    assert c.apis[0].get("/api/queues/%2F/nope/storage")[0] == 404
+    _, nodes = c.apis[1].get("/api/nodes")
+    for n in nodes:
+        assert n["wal_bytes"] > 0, n  # the metadata's log at least
+        assert n["segment_files"] >= 0 and n["segment_bytes"] >= 0 and n["snapshot_bytes"] >= 0
+    # a 2-member queue is always quorum-critical: the next test must not see it
+    for q in ("st1", "st-classic"):
+        assert c.apis[0].delete(f"/api/queues/%2F/{q}")[0] == 204
+
+
 def test_quorum_critical_and_forced_delete_with_a_node_down(mgmt_cluster: MgmtCluster) -> None:
     """Runs last: kills the third node."""
     c = mgmt_cluster
@@ -255,26 +282,3 @@ def test_quorum_critical_and_forced_delete_with_a_node_down(mgmt_cluster: MgmtCl
     assert code == 0, err
     wait_for(lambda: members(a0, "crit") == sorted({leader, c.names[2]}), what="forced removal")
 
-
-def test_storage_of_each_member_and_node(mgmt_cluster: MgmtCluster) -> None:
-    """`GET /api/queues/{vhost}/{name}/storage`: each member's own segment and
-    snapshot files (every node answers for its replica); `/api/nodes`: each
-    node's WAL and segment bytes. Compared with the files on disk."""
-    c = mgmt_cluster
-    declare(c, 0, "st1", 2)
-    holders = members(c.apis[0], "st1")
-    status, body = c.apis[2].get("/api/queues/%2F/st1/storage")
-    assert status == 200, body
-    assert sorted(m["node"] for m in body) == holders
-    for m in body:
-        assert {"segment_files", "segment_bytes", "snapshot_bytes"} <= m.keys()
-        assert m["segment_files"] >= 0 and m["segment_bytes"] >= 0 and m["snapshot_bytes"] >= 0
-    classic = c.apis[0].put("/api/queues/%2F/st-classic", {"durable": True})
-    assert classic[0] == 201
-    code, err = c.apis[0].get("/api/queues/%2F/st-classic/storage")
-    assert code == 400 and "not a quorum queue" in err["reason"]
-    assert c.apis[0].get("/api/queues/%2F/nope/storage")[0] == 404
-    _, nodes = c.apis[1].get("/api/nodes")
-    for n in nodes:
-        assert n["wal_bytes"] > 0, n  # the metadata's log at least
-        assert n["segment_files"] >= 0 and n["segment_bytes"] >= 0 and n["snapshot_bytes"] >= 0

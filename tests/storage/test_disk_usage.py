@@ -26,17 +26,18 @@ def test_disk_usage_counts_the_files_on_disk(tmp_path: Path) -> None:
         # over many times): compare once the files on disk stop changing
         deadline = time.monotonic() + 10
         while True:
-            before = _sum(tmp_path / "groups", ".segment")
+            before = _sum(tmp_path / "groups", ".segment"), _sum(tmp_path / "wal", ".wal")
             usage = m.disk_usage()
             per_group = [g.disk_usage() for g in groups]  # files written, then installed
             seg_files, seg_bytes = _sum(tmp_path / "groups", ".segment")
-            if (before == (seg_files, seg_bytes) and seg_files > 0
+            wal = _sum(tmp_path / "wal", ".wal")
+            if (before == ((seg_files, seg_bytes), wal) and seg_files > 0
                     and sum(u["segment_files"] for u in per_group) == seg_files) \
                     or time.monotonic() > deadline:
                 break
         assert seg_files > 0  # the tiny configuration flushed segments
         assert (usage["segment_files"], usage["segment_bytes"]) == (seg_files, seg_bytes)
-        assert usage["wal_bytes"] == _sum(tmp_path / "wal", ".wal")[1] > 0
+        assert usage["wal_bytes"] == wal[1] > 0
         assert usage["snapshot_bytes"] == 0
         assert sum(u["segment_files"] for u in per_group) == seg_files
         assert sum(u["segment_bytes"] for u in per_group) == seg_bytes
