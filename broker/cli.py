@@ -38,9 +38,12 @@ EXIT_TIMEOUT = 75
 class CliError(Exception):
     """A failure reported to the user as `qqctl: <message>` with `code`."""
 
-    def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
+    def __init__(self, message: str, code: int = EXIT_REFUSED, http_status: int | None = None,
+                 body: Any = None) -> None:
         super().__init__(message)
         self.code = code
+        self.http_status = http_status  # the API's answer, when it gave one
+        self.body = body
 
 
 # ---------------------------------------------------------------- HTTP client
@@ -76,8 +79,8 @@ class Client:
         try:
             return 200, self.call("GET", path)
         except CliError as exc:
-            if getattr(exc, "http_status", None) == 503:
-                return 503, getattr(exc, "body", None)
+            if exc.http_status == 503:
+                return 503, exc.body
             raise
 
     def stream(self, path: str, body: Any) -> Iterator[dict[str, Any]]:
@@ -96,11 +99,8 @@ def _http_error(status: int, raw: bytes) -> CliError:
     except (ValueError, AttributeError):
         body, reason = None, raw.decode(errors="replace") or "no reason given"
     hint = {401: " (check --user/--password)", 403: " (the user lacks the needed tag)"}.get(status, "")
-    err = CliError(f"{reason}{hint} (HTTP {status})",
-                   EXIT_UNAVAILABLE if status in (502, 503, 504) else EXIT_REFUSED)
-    err.http_status = status  # type: ignore[attr-defined]
-    err.body = body  # type: ignore[attr-defined]
-    return err
+    return CliError(f"{reason}{hint} (HTTP {status})",
+                    EXIT_UNAVAILABLE if status in (502, 503, 504) else EXIT_REFUSED, status, body)
 
 
 def q(s: str) -> str:
@@ -341,9 +341,10 @@ def _leave(c: Client, o: Output, a: argparse.Namespace, me: str, deadline: float
         try:
             _long(c, o, f"/api/nodes/{q(me)}/drain", {"desired_replicas": desired}, "drain")
         except CliError as exc:
-            if "desired_replicas" not in str(exc):
+            if exc.http_status != 400:
                 raise
-            # a node without StatefulSet discovery cannot tell ordinals: a plain drain
+            # the option refused (a node without StatefulSet discovery cannot
+            # tell ordinals; the drain itself was not started): a plain drain
             log(f"draining without excluding the other leaving pods: {exc}")
             _long(c, o, f"/api/nodes/{q(me)}/drain", {}, "drain")
     except CliError as exc:

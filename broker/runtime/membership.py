@@ -162,16 +162,20 @@ class Membership:
         r = self._record(vhost, queue)
         if node_name not in self._cluster_nodes():
             raise MembershipError(400, f"node '{node_name}' is not a member of this cluster")
-        cfg = await self.raft_config(vhost, queue)
+        await self._add(r, node_name, await self.raft_config(vhost, queue), if_missing)
+
+    async def _add(self, r: md.QueueRecord, node_name: str, cfg: RaftConfigReport,
+                   if_missing: bool) -> None:
+        """add_member given the leader's configuration `cfg`."""
         if node_name in cfg.members:
             if node_name in r.members and not if_missing:
                 raise MembershipError(400, f"node '{node_name}' is already a member of queue "
-                                           f"'{queue}' in vhost '{vhost}'")
+                                           f"'{r.name}' in vhost '{r.vhost}'")
             # Joined in Raft (maybe the metadata has not caught up): finish.
         else:
             cfg = await self._change(r, "add", node_name)
         await self._record_members(r, cfg)
-        await self._await_voter(vhost, queue, node_name)
+        await self._await_voter(r.vhost, r.name, node_name)
 
     async def _await_voter(self, vhost: str, queue: str, node_name: str) -> None:
         """The leader promotes the learner once caught up; wait for that."""
@@ -187,7 +191,12 @@ class Membership:
 
     async def delete_member(self, vhost: str, queue: str, node_name: str, force: bool = False) -> None:
         r = self._record(vhost, queue)
-        cfg = await self.raft_config(vhost, queue)
+        await self._delete(r, node_name, await self.raft_config(vhost, queue), force)
+
+    async def _delete(self, r: md.QueueRecord, node_name: str, cfg: RaftConfigReport,
+                      force: bool = False) -> None:
+        """delete_member given the leader's configuration `cfg`."""
+        queue, vhost = r.name, r.vhost
         if node_name not in cfg.members:
             if node_name in r.members:  # removed in Raft, not yet in the metadata: finish
                 await self._record_members(r, cfg)
@@ -306,22 +315,21 @@ class Membership:
 
         async def move(r: md.QueueRecord) -> None:
             # Decided from the leader's configuration, not this node's copy
-            # of the metadata (which may lag behind it).
+            # of the metadata (which may lag behind it); read again only after
+            # a member was added (its promotion changed the voters).
             cfg = await self.raft_config(r.vhost, r.name)
-            if node_name not in cfg.members:
-                if node_name in r.members:
-                    await self._record_members(r, cfg)
-                return
-            if self.node.queue_leader(r.vhost, r.name) == node_name:
-                voters = [m for m in sorted(cfg.voters) if m != node_name and m in others]
-                if voters:
-                    await self.transfer_leader(r.vhost, r.name, voters[0])
-            spare = [n for n in others if n not in cfg.members]
-            if spare:
-                load = {n: sum(n in q.members for q in self.node.meta.state.queues.values()) for n in spare}
-                await self.add_member(r.vhost, r.name, min(spare, key=lambda n: (load[n], n)),
-                                      if_missing=True)
-            await self.delete_member(r.vhost, r.name, node_name)
+            if node_name in cfg.members:
+                if self.node.queue_leader(r.vhost, r.name) == node_name:
+                    voters = [m for m in sorted(cfg.voters) if m != node_name and m in others]
+                    if voters:
+                        await self.transfer_leader(r.vhost, r.name, voters[0])
+                spare = [n for n in others if n not in cfg.members]
+                if spare:
+                    load = {n: sum(n in q.members for q in self.node.meta.state.queues.values())
+                            for n in spare}
+                    await self._add(r, min(spare, key=lambda n: (load[n], n)), cfg, if_missing=True)
+                    cfg = await self.raft_config(r.vhost, r.name)
+            await self._delete(r, node_name, cfg)  # (gone from Raft already: the list catches up)
         todo = [r for r in self._matching(".*", ".*") if node_name in r.members]
         return await self._each(todo, move, progress)
 

@@ -33,6 +33,7 @@ from broker.amqp.connection import ServerConfig
 from broker.common.config import Config, ConfigError, load_config
 from broker.common.tls import server_context
 from broker.raft import RaftConfig
+from broker.storage import manifest as st_manifest
 
 from . import peer_wire as pw
 from . import wire
@@ -54,6 +55,8 @@ from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, 
 from .raft_group import ProposalReplaced
 
 log = logging.getLogger("broker.node")
+#: how often the node's storage figures (/api/nodes) are measured again
+STORAGE_USAGE_INTERVAL_S = 5.0
 
 
 class Node:
@@ -86,6 +89,9 @@ class Node:
         self._auto_delete_pending: set[tuple[str, str]] = set()
         # Reliable queue commands not yet applied (or the queue gone), per
         # queue, and who waits for none to be left (commands_settled).
+        #: this node's storage figures (storage.manifest.node_usage), refreshed
+        #: every STORAGE_USAGE_INTERVAL_S by the alarm loop
+        self.storage_usage: dict[str, int] = {}
         self._reliable_open: dict[QueueUid, int] = {}
         self._reliable_waiters: dict[QueueUid, list[asyncio.Future[None]]] = {}
         self.port = 0
@@ -172,6 +178,8 @@ class Node:
         self._housekeeping_task = loop.create_task(self._housekeeping())
         self.alarms.check()
         self._alarms_changed()
+        if self.storage is not None:
+            self.storage_usage = st_manifest.node_usage(self.storage.data_dir)
         self._alarm_task = loop.create_task(self._alarm_loop())
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
@@ -358,11 +366,18 @@ class Node:
     # ------------------------------------------------------------ resource alarms
     async def _alarm_loop(self) -> None:
         interval = self.config["alarms.check_interval_ms"] / 1000
+        loop = asyncio.get_running_loop()
+        usage_due = 0.0
         while True:
             await asyncio.sleep(interval)
             if self.alarms.check():
                 self._broadcast_alarms()
                 self._alarms_changed()
+            if self.storage is not None and loop.time() >= usage_due:
+                # the storage figures /api/nodes shows: a directory walk, off the loop
+                usage_due = loop.time() + STORAGE_USAGE_INTERVAL_S
+                self.storage_usage = await loop.run_in_executor(
+                    None, st_manifest.node_usage, self.storage.data_dir)
 
     def _broadcast_alarms(self) -> None:
         if self.cluster is None:
@@ -649,16 +664,15 @@ class Node:
                 if want is None or (uid[0], uid[1]) == want]
         if op == "resources":
             a = self.alarms
-            usage = self.storage.disk_usage() if self.storage is not None else {}
             return {"node": self.node_name, "disk_free": a.disk_free, "disk_free_limit": a.disk_limit,
                     "mem_used": a.mem_used, "mem_limit": a.mem_limit,
-                    "alarms": sorted(a.local), **usage}
+                    "alarms": sorted(a.local), **self.storage_usage}
         if op == "queue_storage":
             # this node's replica of one queue: its segment and snapshot files
             q = self.queues.get((str(args[0]), str(args[1])))
             if not isinstance(q, QuorumQueue):
                 return None
-            return {"node": self.node_name, **q.glog.disk_usage()}
+            return {"node": self.node_name, **st_manifest.group_usage(q.glog.path)}
         if op == "close_connection":
             return self.close_local_connection(str(args[0]), str(args[1]))
         raise ValueError(f"unknown call {op!r}")

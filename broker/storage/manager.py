@@ -1080,33 +1080,10 @@ class GroupLog:
         with self._mgr._lock:
             return [f.path for f in self._files]
 
-    def disk_usage(self) -> dict[str, int]:
-        """This group's files on disk: segment files and bytes, snapshot
-        bytes (stat()s: for the management API, not the hot path)."""
-        seg = _sizes(self.segment_files())
-        snapdir = os.path.join(self.path, "snapshots")
-        try:
-            snaps = [os.path.join(snapdir, n) for n in os.listdir(snapdir) if n.endswith(".snapshot")]
-        except OSError:
-            snaps = []
-        return {"segment_files": len(seg), "segment_bytes": sum(seg),
-                "snapshot_bytes": sum(_sizes(snaps))}
-
     def close(self) -> None:
         """Stop using this handle. Unflushed entries stay safe in the WAL."""
         with self._mgr._lock:
             self._closed = True
-
-
-def _sizes(paths: Iterable[str]) -> list[int]:
-    """Sizes of the files that still exist (one may be deleted meanwhile)."""
-    out = []
-    for p in paths:
-        try:
-            out.append(os.stat(p).st_size)
-        except OSError:
-            pass
-    return out
 
 
 # ------------------------------------------------------------- snapshots io
@@ -1238,34 +1215,6 @@ class LogManager:
             self._refs[group_id] = ref
             self._def_records[ref] = codec.encode_group_def(ref, group_id)
         return ref
-
-    def disk_usage(self) -> dict[str, int]:
-        """The node's storage on disk: WAL bytes, and segment files, segment
-        bytes and snapshot bytes over every group (stat()s: for the
-        management API, not the hot path)."""
-        try:
-            wal = _sizes(os.path.join(self._wal_dir, n) for n in os.listdir(self._wal_dir)
-                         if n.endswith(WAL_SUFFIX))
-        except OSError:
-            wal = []
-        out = {"wal_bytes": sum(wal), "segment_files": 0, "segment_bytes": 0, "snapshot_bytes": 0}
-        try:
-            names = [n for n in os.listdir(self._groups_dir) if not n.startswith(".")]
-        except OSError:
-            names = []
-        for name in names:
-            gdir = os.path.join(self._groups_dir, name)
-            for sub, suffix, keys in (("segments", SEG_SUFFIX, ("segment_files", "segment_bytes")),
-                                      ("snapshots", ".snapshot", (None, "snapshot_bytes"))):
-                try:
-                    sizes = _sizes(os.path.join(gdir, sub, n) for n in os.listdir(os.path.join(gdir, sub))
-                                   if n.endswith(suffix))
-                except OSError:
-                    continue
-                if keys[0] is not None:
-                    out[keys[0]] += len(sizes)
-                out[keys[1]] += sum(sizes)
-        return out
 
     def group_ids(self) -> list[str]:
         """Ids of every group with a directory on this node."""

@@ -79,8 +79,7 @@ def group_manifest(group_path: str) -> dict[str, Any]:
         "log_first": live[0] if live else None, "log_last": live[1] if live else None,
     } for i, live in zip(infos, comp, strict=True)]
     snap = _latest_snapshot_header(os.path.join(group_path, "snapshots"))
-    snap_bytes = sum(_size(os.path.join(group_path, "snapshots", n)) or 0
-                     for n in _listdir(os.path.join(group_path, "snapshots")))
+    snap_bytes = group_usage(group_path)["snapshot_bytes"]
     return {
         "group_id": gid, "dir": os.path.basename(group_path), "corrupt": corrupt,
         "snapshot_index": snap[0] if snap else None,
@@ -88,6 +87,32 @@ def group_manifest(group_path: str) -> dict[str, Any]:
         "snapshot_bytes": snap_bytes,
         "segments": segments, "unreadable_segments": errors,
     }
+
+
+def group_usage(group_path: str) -> dict[str, int]:
+    """One group directory's files, sizes only (stat()s, no header read):
+    segment files and bytes, snapshot bytes."""
+    segdir, snapdir = os.path.join(group_path, "segments"), os.path.join(group_path, "snapshots")
+    seg = [s for n in _listdir(segdir) if _seq_of(n, SEG_SUFFIX) is not None
+           and (s := _size(os.path.join(segdir, n))) is not None]
+    snap = sum(_size(os.path.join(snapdir, n)) or 0 for n in _listdir(snapdir))
+    return {"segment_files": len(seg), "segment_bytes": sum(seg), "snapshot_bytes": snap}
+
+
+def node_usage(data_dir: str) -> dict[str, int]:
+    """A node's storage, sizes only: WAL bytes, and segment files, segment
+    bytes and snapshot bytes over every group (deletions in progress left
+    out). The cheap sibling of `node_manifest`, for the management API's
+    node figures."""
+    waldir, groups_dir = os.path.join(data_dir, "wal"), os.path.join(data_dir, "groups")
+    out = {"wal_bytes": sum(_size(os.path.join(waldir, n)) or 0 for n in _listdir(waldir)
+                            if _seq_of(n, WAL_SUFFIX) is not None),
+           "segment_files": 0, "segment_bytes": 0, "snapshot_bytes": 0}
+    for name in _listdir(groups_dir):
+        if not name.startswith("."):
+            for k, v in group_usage(os.path.join(groups_dir, name)).items():
+                out[k] += v
+    return out
 
 
 def node_manifest(data_dir: str) -> dict[str, Any]:
@@ -117,4 +142,4 @@ def node_manifest(data_dir: str) -> dict[str, Any]:
     return {"data_dir": data_dir, "wal": wal, "groups": groups, "deleting": deleting, **disk}
 
 
-__all__ = ["group_manifest", "node_manifest"]
+__all__ = ["group_manifest", "group_usage", "node_manifest", "node_usage"]

@@ -54,6 +54,18 @@ async def _until(cond, timeout: float = 30.0) -> None:  # type: ignore[no-untype
     await asyncio.wait_for(loop(), timeout)
 
 
+async def get_acked(ch: aio_pika.abc.AbstractChannel, queue: str, n: int) -> list[bytes]:
+    """Get and ack `n` messages of `queue` (each must come within 10 s)."""
+    q = await ch.declare_queue(queue, passive=True)
+    got: list[bytes] = []
+    while len(got) < n:
+        msg = await q.get(timeout=10, fail=False)
+        assert msg is not None, f"{queue}: only {len(got)} messages"
+        got.append(msg.body)
+        await msg.ack()
+    return got
+
+
 async def test_membership_operations(nodes: list[Node]) -> None:
     n0, n1, n2 = nodes
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n0.port}/")
@@ -119,14 +131,7 @@ async def test_membership_operations(nodes: list[Node]) -> None:
     conn2 = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n1.port}/")
     ch2 = await conn2.channel()
     for q in ("m1", "m2", "m3"):
-        queue = await ch2.declare_queue(q, passive=True)
-        got = []
-        while len(got) < 20:
-            msg = await queue.get(timeout=10, fail=False)
-            assert msg is not None, f"{q}: only {len(got)} messages"
-            got.append(msg.body)
-            await msg.ack()
-        assert got == [f"{q}-{i}".encode() for i in range(20)]
+        assert await get_acked(ch2, q, 20) == [f"{q}-{i}".encode() for i in range(20)]
     await conn2.close()
     await conn.close()
 
@@ -177,14 +182,7 @@ async def test_changes_made_from_a_stale_metadata_copy_follow_the_raft_configura
 
     # Acks commit only with c's replica ({a, c} is the quorum): all 30 come back.
     ch2 = await conn.channel()
-    queue = await ch2.declare_queue("stale", passive=True)
-    got = []
-    while len(got) < 30:
-        msg = await queue.get(timeout=10, fail=False)
-        assert msg is not None, f"only {len(got)} messages"
-        got.append(msg.body)
-        await msg.ack()
-    assert got == [f"s-{i}".encode() for i in range(30)]
+    assert await get_acked(ch2, "stale", 30) == [f"s-{i}".encode() for i in range(30)]
     await ch2.close()
     ch3 = await conn.channel()
     assert (await ch3.declare_queue("stale", passive=True)).declaration_result.message_count == 0

@@ -90,3 +90,47 @@ def test_usage_errors_exit_2() -> None:
     assert cli.main(["grow", "n1", "most"], out=io.StringIO(), err=err) == 2
     assert cli.main(["set_policy", "p", ".*", "[1]"], out=io.StringIO(), err=err) == 2
     assert "must be a JSON object" in err.getvalue()
+
+
+class LeavingClient:
+    """A broker refusing `desired_replicas` (no StatefulSet discovery), then
+    draining plainly; the node is already out of the cluster afterwards."""
+
+    url, auth, timeout = "http://127.0.0.1:15672", "Basic x", 1.0
+
+    def __init__(self, refuse_with: int) -> None:
+        self.refuse_with = refuse_with
+        self.drains: list[Any] = []
+
+    def stream(self, path: str, body: Any) -> Iterator[dict[str, Any]]:
+        self.drains.append(body)
+        if "desired_replicas" in body:
+            raise cli.CliError(f"refused (HTTP {self.refuse_with})", http_status=self.refuse_with)
+        yield {"result": []}
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        assert (method, path) == ("GET", "/api/nodes")
+        return [{"name": "other@h", "metadata_leader": True}]
+
+
+@pytest.mark.parametrize("status, drains", [(400, [{"desired_replicas": 3}, {}]),
+                                            (503, [{"desired_replicas": 3}])])
+def test_a_leaving_pod_falls_back_to_a_plain_drain_only_when_the_option_is_refused(
+        status: int, drains: list[Any]) -> None:
+    """The fallback goes by the HTTP status of the refusal (400: the option,
+    checked before the drain starts), not by the refusal's wording."""
+    import time
+
+    client = LeavingClient(status)
+    o, _out, _err = outputs()
+    logged: list[str] = []
+    code = cli._leave(client, o, None, "me@h", time.monotonic() + 5, logged.append,  # type: ignore[arg-type]
+                      lambda: 5.0, 3)
+    assert code == 0 and client.drains == drains
+    assert any("has left the cluster" in line for line in logged)
+    assert any("without excluding" in line for line in logged) == (status == 400)
+
+
+def test_http_errors_carry_their_status_and_body() -> None:
+    err = cli._http_error(400, b'{"error": "bad_request", "reason": "no"}')
+    assert (err.http_status, err.body) == (400, {"error": "bad_request", "reason": "no"})
