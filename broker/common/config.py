@@ -189,6 +189,9 @@ SETTINGS: tuple[Setting, ...] = (
             "host of a pod (default {pod}.{service}.{namespace}.svc.{domain}; also "
             "{statefulset}, {ordinal})"),
     Setting("cluster.formation_timeout_ms", _int(1000), 120000, "how long start-up waits for a quorum"),
+    Setting("cluster.housekeeping_interval_ms", _int(10, 60000), 2000,
+            "how often a node notes peers that are down and its queue leaders return the "
+            "messages of consumers on dead channels"),
     Setting("cluster.secret_file", _str, "", "file holding the shared cluster secret"),
     Setting("cluster.tls.certfile", _str, "", "peer TLS certificate (optional)"),
     Setting("cluster.tls.keyfile", _str, "", "peer TLS key (optional)"),

@@ -1225,6 +1225,9 @@ async def get_messages(request: web.Request) -> web.Response:
     no_ack = ackmode == "ack_requeue_false"
     taken: list[int] = []
     out: list[dict[str, Any]] = []
+    # The ref counts as an open channel until its settle is applied: the
+    # leader's housekeeping must not return what the get holds.
+    node.borrow_channel(ref)
     try:
         for _ in range(count):
             try:
@@ -1270,7 +1273,9 @@ async def get_messages(request: web.Request) -> web.Response:
                 settle = qm.Return(cid, ids)
             else:
                 settle = qm.Settle(cid, ids)
-            node.queue_command_reliable(q.uid, settle)
+            node.queue_command_reliable(q.uid, settle, lambda: node.give_back_channel(ref))
+        else:
+            node.give_back_channel(ref)
     return web.json_response(out)
 
 

@@ -92,6 +92,7 @@ class Node:
         #: this node's storage figures (storage.manifest.node_usage), refreshed
         #: every STORAGE_USAGE_INTERVAL_S by the alarm loop
         self.storage_usage: dict[str, int] = {}
+        self._borrowed_refs: set[str] = set()  # see borrow_channel
         self._reliable_open: dict[QueueUid, int] = {}
         self._reliable_waiters: dict[QueueUid, list[asyncio.Future[None]]] = {}
         self.port = 0
@@ -346,10 +347,12 @@ class Node:
             g.step(msg)
 
     async def _housekeeping(self) -> None:
-        """Every 2 s: note peers that are down, and let the queues this node
-        leads return the messages of consumers on dead channels."""
+        """Every `cluster.housekeeping_interval_ms` (2 s): note peers that are
+        down, and let the queues this node leads return the messages of
+        consumers on dead channels."""
+        interval = self.config["cluster.housekeeping_interval_ms"] / 1000
         while True:
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(interval)
             if self.cluster is not None:
                 self.liveness.observe()
                 if self.alarms.local:
@@ -422,8 +425,19 @@ class Node:
         return known
 
     def _local_channel_open(self, ref: str) -> bool:
-        return any(ch.ref == ref and not ch.closed
-                   for c in self.connections for ch in c.channels.values())
+        return ref in self._borrowed_refs or any(
+            ch.ref == ref and not ch.closed for c in self.connections for ch in c.channels.values())
+
+    def borrow_channel(self, ref: str) -> None:
+        """A channel reference used outside AMQP (the management API's get,
+        which takes messages under it) is open until given back: the queue
+        leaders' housekeeping must not take it for a dead channel's and
+        return what it holds mid-way. Given back, it is reaped like any
+        closed channel (its empty consumer entry goes)."""
+        self._borrowed_refs.add(ref)
+
+    def give_back_channel(self, ref: str) -> None:
+        self._borrowed_refs.discard(ref)
 
     def _advertised(self) -> tuple[str, int]:
         """Where peers reach this node: the host part of its name and the
