@@ -777,6 +777,7 @@ class Node:
         if record.type == "quorum":
             assert self.storage is not None
             gid = self._group_id(record)
+            glog = None
             try:
                 glog = self.storage.open_group(gid)
                 voters = self._bootstrap_voters(record, glog, joining)
@@ -784,10 +785,12 @@ class Node:
                                 voters, self.raft_config, learner=not voters)
             except st.StorageError as exc:
                 # This member's data is unusable (corrupt file, unreadable
-                # snapshot): it stays stopped, the node and the queue's other
+                # snapshot) or cannot be created (a full disk): it stays stopped, the node and the queue's other
                 # members go on; local clients reach the leader elsewhere.
                 log.error("queue %s/%s: member on this node stopped: %s", record.vhost, record.name, exc)
                 self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+                if glog is not None:
+                    glog.close()  # (its bootstrap record could not be written)
                 proxy = RemoteQueue(self, record.vhost, record.name,
                                     classic_config(record.name, record.vhost, {}))
                 proxy.uid = uid

@@ -446,7 +446,8 @@ class GroupLog:
         try:
             write_file_atomic(os.path.join(self.path, self._BOOTSTRAP), [data])
         except OSError as exc:
-            raise StorageIOError(f"group {self.group_id!r}: writing its bootstrap record: {exc}") from exc
+            raise StorageIOError(exc.errno or 5, f"group {self.group_id!r}: writing its bootstrap "
+                                                 f"record: {exc.strerror or exc}") from exc
 
     @property
     def failed(self) -> BaseException | None:
@@ -1519,7 +1520,11 @@ class LogManager:
                 g._closed = False
                 g._on_durable, g._on_error = on_durable, on_error
                 return g
-        self._ensure_group_dir(group_id)
+        try:
+            self._ensure_group_dir(group_id)
+        except OSError as exc:  # a full disk, an I/O error: this group stays stopped
+            raise StorageIOError(exc.errno or 5, f"group {group_id!r}: creating its directory: "
+                                            f"{exc.strerror or exc}") from exc
         marker = os.path.join(path, CORRUPT_MARKER)
         if os.path.exists(marker):
             raise CorruptWalError(read_file(marker).decode("utf-8", "replace"))

@@ -103,3 +103,28 @@ def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None
             assert read_all(m.open_group("a")) == written
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.root
+def test_opening_a_new_group_on_a_full_disk_is_a_storage_error(tmp_path: Path) -> None:
+    """A member started on a full disk (a fault run's disk-full nemesis hit a
+    node as it joined a queue): `open_group` reports StorageIOError(ENOSPC),
+    the error the node handles by leaving that member stopped. It raised the
+    bare OSError before, which stopped the node's metadata group that was
+    applying the membership change. The group opens once space returns."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        with LogManager(mnt / "node", CFG) as m:
+            filler = mnt / "filler"
+            fill_disk(filler)
+            with pytest.raises(StorageIOError) as err:
+                m.open_group("late")
+            assert err.value.errno == errno.ENOSPC and "late" in str(err.value)
+            filler.unlink()
+            g = m.open_group("late")
+            g.write_bootstrap(b"\x90")
+            assert g.read_bootstrap() == b"\x90"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
