@@ -21,6 +21,8 @@ from .commands import (
     ClearPermissions,
     ClearPolicy,
     ClearTopicPermissions,
+    ClearUserLimit,
+    ClearVhostLimit,
     Command,
     CommandMeta,
     DeclareExchange,
@@ -51,7 +53,9 @@ from .commands import (
     SetQueueLeader,
     SetQueueMembers,
     SetTopicPermissions,
+    SetUserLimit,
     SetUserTags,
+    SetVhostLimit,
     Unbind,
     UserChanged,
     UserDeleted,
@@ -59,6 +63,17 @@ from .commands import (
     VhostDeleted,
 )
 from .errors import InvalidCommand, MetadataError, MetadataInvariantError
+from .limits import (
+    MAX_CHANNELS,
+    MAX_CONNECTIONS,
+    MAX_QUEUES,
+    channel_refused,
+    connection_limits_in_force,
+    connection_refused,
+    user_limit,
+    validate_limit,
+    vhost_limit,
+)
 from .machine import apply, initial_state, new_state
 from .passwords import check_password, hash_password
 from .permissions import (
@@ -80,6 +95,8 @@ from .policies import (
 from .routing import route
 from .snapshot import SnapshotError, from_bytes, to_bytes
 from .state import (
+    USER_LIMIT_NAMES,
+    VHOST_LIMIT_NAMES,
     Binding,
     ExchangeRecord,
     MetadataState,
@@ -88,7 +105,9 @@ from .state import (
     QueueRecord,
     RuntimeParameter,
     TopicPermission,
+    UserLimit,
     UserRecord,
+    VhostLimit,
     VhostRecord,
 )
 from .types import (
@@ -123,4 +142,8 @@ __all__ = [
     "from_bytes", "hash_password", "initial_state", "is_loopback", "new_state",
     "queue_operator_policy", "queue_policy", "route", "thaw_table", "to_bytes",
     "validate_policy",
+    "ClearUserLimit", "ClearVhostLimit", "MAX_CHANNELS", "MAX_CONNECTIONS", "MAX_QUEUES",
+    "SetUserLimit", "SetVhostLimit", "USER_LIMIT_NAMES", "UserLimit", "VHOST_LIMIT_NAMES",
+    "VhostLimit", "channel_refused", "connection_limits_in_force", "connection_refused",
+    "user_limit", "validate_limit", "vhost_limit",
 ]

@@ -337,12 +337,47 @@ class ClearParameter:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class SetVhostLimit:
+    """`rabbitmqctl set_vhost_limits`, one limit: `name` is max-connections or
+    max-queues; `value` an integer, negative for no limit (checked by the
+    machine with `limits.validate_limit`)."""
+
+    vhost: VhostName
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearVhostLimit:
+    """Remove one limit of a vhost (a missing one: nothing to do, as RabbitMQ)."""
+
+    vhost: VhostName
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetUserLimit:
+    """`rabbitmqctl set_user_limits`, one limit: max-connections or max-channels."""
+
+    user: UserName
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClearUserLimit:
+    user: UserName
+    name: str
+
+
 Command: TypeAlias = (
     Bootstrap | AddVhost | DeleteVhost | AddUser | DeleteUser | ChangePassword | SetUserTags
     | SetPermissions | ClearPermissions | SetTopicPermissions | ClearTopicPermissions
     | DeclareExchange | DeleteExchange | Bind | Unbind | DeclareQueue | DeleteQueue
     | DeleteExclusiveQueues | SetQueueMembers | SetQueueLeader | SetPolicy | ClearPolicy
     | SetOperatorPolicy | ClearOperatorPolicy | SetParameter | ClearParameter
+    | SetVhostLimit | ClearVhostLimit | SetUserLimit | ClearUserLimit
 )
 
 

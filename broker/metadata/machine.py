@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import policies
+from . import limits, policies
 from .commands import (
     AddUser,
     AddVhost,
@@ -31,6 +31,8 @@ from .commands import (
     ClearPermissions,
     ClearPolicy,
     ClearTopicPermissions,
+    ClearUserLimit,
+    ClearVhostLimit,
     Command,
     CommandMeta,
     DeclareExchange,
@@ -61,7 +63,9 @@ from .commands import (
     SetQueueLeader,
     SetQueueMembers,
     SetTopicPermissions,
+    SetUserLimit,
     SetUserTags,
+    SetVhostLimit,
     Unbind,
     UserChanged,
     UserDeleted,
@@ -95,7 +99,9 @@ from .state import (
     QueueRecord,
     RuntimeParameter,
     TopicPermission,
+    UserLimit,
     UserRecord,
+    VhostLimit,
     VhostRecord,
     default_exchange_records,
 )
@@ -209,6 +215,8 @@ def _delete_vhost(meta: CommandMeta, cmd: DeleteVhost, state: MetadataState) -> 
             del table[polk]
     for park in [k for k in state.parameters if k[0] == v]:
         del state.parameters[park]
+    for lk in [k for k in state.vhost_limits if k[0] == v]:
+        del state.vhost_limits[lk]
     del state.vhosts[cmd.name]
     state.routing_cache.clear()
     effects.append(VhostDeleted(cmd.name))
@@ -245,6 +253,8 @@ def _delete_user(meta: CommandMeta, cmd: DeleteUser, state: MetadataState) -> Re
         del state.permissions[k]
     for tk in [k for k in state.topic_permissions if k[0] == cmd.name]:
         del state.topic_permissions[tk]
+    for lk in [k for k in state.user_limits if k[0] == cmd.name]:
+        del state.user_limits[lk]
     return Ok(), [UserDeleted(cmd.name)]
 
 
@@ -583,6 +593,10 @@ def _declare_queue(meta: CommandMeta, cmd: DeclareQueue, state: MetadataState) -
         if err:
             return err, []
         return QueueDeclareOk(existing, created=False), []
+    # RabbitMQ enforces max-queues for new queues only, before their properties.
+    err = limits.queue_limit_refused(state, cmd.vhost, cmd.name)
+    if err:
+        return err, []
     if qtype == "quorum":
         err = _quorum_properties(cmd, what)
         if err:
@@ -796,6 +810,43 @@ def _clear_parameter(meta: CommandMeta, cmd: ClearParameter, state: MetadataStat
     return Ok(), []
 
 
+# -- limits ------------------------------------------------------------------------
+
+
+def _set_vhost_limit(meta: CommandMeta, cmd: SetVhostLimit, state: MetadataState) -> Result:
+    if cmd.vhost not in state.vhosts:
+        return no_vhost(cmd.vhost), []
+    err = limits.validate_limit("vhost", cmd.name, cmd.value)
+    if err:
+        return err, []
+    state.vhost_limits[(cmd.vhost, cmd.name)] = VhostLimit(cmd.vhost, cmd.name, cmd.value)
+    return Ok(), []
+
+
+def _clear_vhost_limit(meta: CommandMeta, cmd: ClearVhostLimit, state: MetadataState) -> Result:
+    if cmd.vhost not in state.vhosts:
+        return no_vhost(cmd.vhost), []
+    state.vhost_limits.pop((cmd.vhost, cmd.name), None)
+    return Ok(), []
+
+
+def _set_user_limit(meta: CommandMeta, cmd: SetUserLimit, state: MetadataState) -> Result:
+    if cmd.user not in state.users:
+        return _no_user(cmd.user), []
+    err = limits.validate_limit("user", cmd.name, cmd.value)
+    if err:
+        return err, []
+    state.user_limits[(cmd.user, cmd.name)] = UserLimit(cmd.user, cmd.name, cmd.value)
+    return Ok(), []
+
+
+def _clear_user_limit(meta: CommandMeta, cmd: ClearUserLimit, state: MetadataState) -> Result:
+    if cmd.user not in state.users:
+        return _no_user(cmd.user), []
+    state.user_limits.pop((cmd.user, cmd.name), None)
+    return Ok(), []
+
+
 _HANDLERS: dict[type, Callable[[CommandMeta, Any, MetadataState], Result]] = {
     Bootstrap: _bootstrap,
     AddVhost: _add_vhost,
@@ -823,6 +874,10 @@ _HANDLERS: dict[type, Callable[[CommandMeta, Any, MetadataState], Result]] = {
     ClearOperatorPolicy: _clear_operator_policy,
     SetParameter: _set_parameter,
     ClearParameter: _clear_parameter,
+    SetVhostLimit: _set_vhost_limit,
+    ClearVhostLimit: _clear_vhost_limit,
+    SetUserLimit: _set_user_limit,
+    ClearUserLimit: _clear_user_limit,
 }
 
 

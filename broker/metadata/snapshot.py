@@ -28,7 +28,9 @@ from .state import (
     QueueRecord,
     RuntimeParameter,
     TopicPermission,
+    UserLimit,
     UserRecord,
+    VhostLimit,
     VhostRecord,
 )
 from .types import FrozenTable
@@ -101,6 +103,8 @@ def to_bytes(state: MetadataState, default: Callable[[Any], Any] | None = None) 
         "policies": [_rec(r) for r in state.policies.values()],
         "operator_policies": [_rec(r) for r in state.operator_policies.values()],
         "parameters": [_rec(r) for r in state.parameters.values()],
+        "vhost_limits": [_rec(r) for r in state.vhost_limits.values()],
+        "user_limits": [_rec(r) for r in state.user_limits.values()],
     }
     out: bytes = msgpack.packb(doc, use_bin_type=True, default=default or _default_hook)
     return out
@@ -147,6 +151,13 @@ def from_bytes(
     for raw in doc["parameters"]:
         rp: RuntimeParameter = _unrec(RuntimeParameter, raw)
         s.parameters[(rp.vhost, rp.component, rp.name)] = rp
+    # Snapshots written before limits existed have neither table.
+    for raw in doc.get("vhost_limits", ()):
+        vl: VhostLimit = _unrec(VhostLimit, raw)
+        s.vhost_limits[(vl.vhost, vl.name)] = vl
+    for raw in doc.get("user_limits", ()):
+        ul: UserLimit = _unrec(UserLimit, raw)
+        s.user_limits[(ul.user, ul.name)] = ul
     s.rebuild_indexes()
     try:
         s.check_invariants()

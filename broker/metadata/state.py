@@ -155,6 +155,30 @@ class RuntimeParameter:
     value: FieldValue
 
 
+# The limits RabbitMQ knows (`rabbitmqctl set_vhost_limits` / `set_user_limits`).
+VHOST_LIMIT_NAMES: tuple[str, ...] = ("max-connections", "max-queues")
+USER_LIMIT_NAMES: tuple[str, ...] = ("max-connections", "max-channels")
+
+
+@dataclass(frozen=True, slots=True)
+class VhostLimit:
+    """One limit of a vhost (`name` in VHOST_LIMIT_NAMES). A negative value
+    means no limit; 0 allows none (RabbitMQ's rules)."""
+
+    vhost: VhostName
+    name: str
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserLimit:
+    """One limit of a user (`name` in USER_LIMIT_NAMES); values as VhostLimit."""
+
+    user: UserName
+    name: str
+    value: int
+
+
 ExchangeKey = tuple[VhostName, ExchangeName]
 QueueKey = tuple[VhostName, QueueName]
 DestKey = tuple[VhostName, DestinationKind, str]
@@ -177,6 +201,9 @@ class MetadataState:
         default_factory=dict
     )
     parameters: dict[tuple[VhostName, str, str], RuntimeParameter] = field(default_factory=dict)
+    # Invariant: a limit's vhost (user) exists; deleting it deletes its limits.
+    vhost_limits: dict[tuple[VhostName, str], VhostLimit] = field(default_factory=dict)
+    user_limits: dict[tuple[UserName, str], UserLimit] = field(default_factory=dict)
     # Raft index of the last applied command (0 for a fresh state).
     last_applied: int = 0
 
@@ -255,6 +282,12 @@ class MetadataState:
         for user, vhost in self.permissions:
             if user not in self.users or vhost not in self.vhosts:
                 raise MetadataInvariantError(f"permission for missing {user!r}/{vhost!r}")
+        for vhost, _ in self.vhost_limits:
+            if vhost not in self.vhosts:
+                raise MetadataInvariantError(f"limit of missing vhost {vhost!r}")
+        for user, _ in self.user_limits:
+            if user not in self.users:
+                raise MetadataInvariantError(f"limit of missing user {user!r}")
         for q in self.queues.values():
             if q.leader is not None and q.leader not in q.members:
                 raise MetadataInvariantError(f"leader of {q.name!r} is not a member")

@@ -28,7 +28,16 @@ from broker.metadata import (
     route,
     to_bytes,
 )
-from broker.metadata.commands import SetParameter, SetTopicPermissions
+from broker.metadata.commands import (
+    ClearUserLimit,
+    ClearVhostLimit,
+    DeleteUser,
+    DeleteVhost,
+    SetParameter,
+    SetTopicPermissions,
+    SetUserLimit,
+    SetVhostLimit,
+)
 
 from .helpers import Driver
 
@@ -64,6 +73,14 @@ commands = st.one_of(
     st.builds(SetOperatorPolicy, vhosts, names, st.just(".*"), st.just({"max-length": 2})),
     st.builds(SetQueueMembers, vhosts, names, st.sampled_from([("n1",), ("n2", "n3")])),
     st.builds(SetParameter, vhosts, st.just("federation"), names, values),
+    st.builds(SetVhostLimit, vhosts, st.sampled_from(["max-connections", "max-queues", "max-x"]),
+              st.integers(-2, 40)),
+    st.builds(ClearVhostLimit, vhosts, st.sampled_from(["max-connections", "max-queues"])),
+    st.builds(SetUserLimit, names, st.sampled_from(["max-connections", "max-channels"]),
+              st.integers(-2, 40)),
+    st.builds(ClearUserLimit, names, st.sampled_from(["max-connections", "max-channels"])),
+    st.builds(DeleteUser, names),
+    st.builds(DeleteVhost, st.just("v")),
 )
 
 
