@@ -296,6 +296,10 @@ class ServerConnection:
         self._started: float | None = None
         self._closing_since: float | None = None
         self.dropped_sends = 0  # deliveries dropped because their channel was gone
+        #: Asked at each channel.open before channel.open-ok (the I/O shell's
+        #: per-user channel limit): a (reply code, text) refusal closes the
+        #: connection with it instead, as RabbitMQ does; None allows the channel.
+        self.channel_open_check: Callable[[], tuple[int, str] | None] | None = None
 
     @property
     def state(self) -> ConnectionState:
@@ -679,6 +683,11 @@ class ServerConnection:
                 20,
                 10,
             )
+        if self.channel_open_check is not None:
+            refusal = self.channel_open_check()
+            if refusal is not None:
+                # RabbitMQ raises it with no failed method: class and method 0.
+                raise AMQPConnectionError(refusal[0], refusal[1], 0, 0)
         self._channels[channel] = _Channel()
         self._emit(codec.encode_method(channel, C.Channel.OpenOk()))
         self._events.append(ChannelOpen(channel))

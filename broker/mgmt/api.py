@@ -425,7 +425,8 @@ async def get_vhost(request: web.Request) -> web.Response:
 async def list_users(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
-    return web.json_response([v.user_view(u) for u in c.node.meta.state.users.values()])
+    state = c.node.meta.state
+    return web.json_response([v.user_view(u, state) for u in state.users.values()])
 
 
 async def list_permissions(request: web.Request) -> web.Response:
@@ -489,7 +490,7 @@ async def get_user(request: web.Request) -> web.Response:
     user = c.node.meta.state.users.get(md.UserName(name))
     if user is None:
         raise ApiError(404, f"no user '{name}'")
-    return web.json_response(v.user_view(user))
+    return web.json_response(v.user_view(user, c.node.meta.state))
 
 
 async def put_user(request: web.Request) -> web.Response:
@@ -565,6 +566,93 @@ async def delete_permission(request: web.Request) -> web.Response:
     if (user, vhost) not in c.node.meta.state.permissions:
         raise ApiError(404, f"no permissions for user '{user}' in vhost '{vhost}'")
     await _execute(c, md.ClearPermissions(user, vhost))
+    return web.Response(status=204)
+
+
+# ---------------------------------------------------------------- vhost and user limits
+# RabbitMQ's /api/vhost-limits and /api/user-limits: lists of {"vhost"|"user",
+# "value": {limit: n}} (only those with limits), PUT {"value": n} -> 204,
+# DELETE -> 204 whether or not the limit was set. Values are checked by the
+# metadata machine (md.validate_limit), with RabbitMQ's texts, as 400s.
+LIMIT_KEYS: dict[str, type | tuple[type, ...]] = {
+    "value": (int, float, str, bool, list, dict, type(None))}
+
+
+async def list_vhost_limits(request: web.Request) -> web.Response:
+    c = ctx(request)
+    state = c.node.meta.state
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        c.need_vhost(vhost)
+    out = []
+    for name in state.vhosts:
+        if (vhost is None or name == vhost) and c.can_see(name):
+            limits = v.vhost_limits(state, name)
+            if limits:
+                out.append({"vhost": name, "value": limits})
+    return web.json_response(out)
+
+
+async def _limit_value(request: web.Request, kind: str, name: str) -> int:
+    body = await json_body(request, LIMIT_KEYS, required=("value",))
+    err = md.validate_limit(kind, name, body["value"])
+    if err is not None:
+        raise ApiError(400, err.text)
+    value: int = body["value"]
+    return value
+
+
+async def put_vhost_limit(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    c.need_vhost(vhost)
+    value = await _limit_value(request, "vhost", name)
+    await _execute(c, md.SetVhostLimit(md.VhostName(vhost), name, value))
+    return web.Response(status=204)
+
+
+async def delete_vhost_limit(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    vhost, name = request.match_info["vhost"], request.match_info["name"]
+    c.need_vhost(vhost)
+    await _execute(c, md.ClearVhostLimit(md.VhostName(vhost), name))
+    return web.Response(status=204)
+
+
+async def list_user_limits(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    state = c.node.meta.state
+    user = request.match_info.get("user")
+    if user is not None and md.UserName(user) not in state.users:
+        raise ApiError(404, f"no user '{user}'")
+    out = []
+    for name in state.users:
+        if user is None or name == user:
+            limits = v.user_limits(state, name)
+            if limits:
+                out.append({"user": name, "value": limits})
+    return web.json_response(out)
+
+
+async def put_user_limit(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    user, name = request.match_info["user"], request.match_info["name"]
+    if md.UserName(user) not in c.node.meta.state.users:
+        raise ApiError(404, f"no user '{user}'")
+    value = await _limit_value(request, "user", name)
+    await _execute(c, md.SetUserLimit(md.UserName(user), name, value))
+    return web.Response(status=204)
+
+
+async def delete_user_limit(request: web.Request) -> web.Response:
+    c = ctx(request)
+    c.need_admin()
+    user, name = request.match_info["user"], request.match_info["name"]
+    await _execute(c, md.ClearUserLimit(md.UserName(user), name))
     return web.Response(status=204)
 
 
@@ -1403,6 +1491,14 @@ ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", "/api/permissions/{vhost}/{user}", get_permission),
     ("PUT", "/api/permissions/{vhost}/{user}", put_permission),
     ("DELETE", "/api/permissions/{vhost}/{user}", delete_permission),
+    ("GET", "/api/vhost-limits", list_vhost_limits),
+    ("GET", "/api/vhost-limits/{vhost}", list_vhost_limits),
+    ("PUT", "/api/vhost-limits/{vhost}/{name}", put_vhost_limit),
+    ("DELETE", "/api/vhost-limits/{vhost}/{name}", delete_vhost_limit),
+    ("GET", "/api/user-limits", list_user_limits),
+    ("GET", "/api/user-limits/{user}", list_user_limits),
+    ("PUT", "/api/user-limits/{user}/{name}", put_user_limit),
+    ("DELETE", "/api/user-limits/{user}/{name}", delete_user_limit),
     ("GET", "/api/exchanges", list_exchanges),
     ("GET", "/api/exchanges/{vhost}", list_exchanges),
     ("POST", "/api/exchanges/{vhost}/{name}/publish", publish_message),

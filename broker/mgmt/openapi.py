@@ -113,6 +113,17 @@ SCHEMAS: dict[str, Any] = {
     "User": {"type": "object", "required": ["name", "tags"],
              "properties": {"name": _STR, "password_hash": _STR, "hashing_algorithm": _STR,
                             "tags": {"type": "array", "items": _STR}, "limits": _ANY_OBJ}},
+    "VhostLimits": {"type": "object", "required": ["vhost", "value"],
+                    "properties": {"vhost": _STR, "value": {
+                        "type": "object", "additionalProperties": _INT,
+                        "description": "max-connections, max-queues (negative: no limit)"}}},
+    "UserLimits": {"type": "object", "required": ["user", "value"],
+                   "properties": {"user": _STR, "value": {
+                       "type": "object", "additionalProperties": _INT,
+                       "description": "max-connections, max-channels (negative: no limit)"}}},
+    "LimitValue": {"type": "object", "additionalProperties": False, "required": ["value"],
+                   "properties": {"value": {
+                       "type": "integer", "description": "negative: no limit; 0: none allowed"}}},
     "Permission": {"type": "object", "required": ["user", "vhost", "configure", "write", "read"],
                    "properties": {"user": _STR, "vhost": _STR, "configure": _STR,
                                   "write": _STR, "read": _STR}},
@@ -377,6 +388,27 @@ PATHS: dict[str, Any] = {
         "delete": _op("clear a user's permissions in a vhost", {"204": _NO_CONTENT},
                       ("vhost", "user")),
     },
+    "/api/vhost-limits": {"get": _op("limits of every vhost that has some",
+                                     {"200": _json(_list_of("VhostLimits"), "list")})},
+    "/api/vhost-limits/{vhost}": {"get": _op(
+        "a vhost's limits (an empty list: none)", {"200": _json(_list_of("VhostLimits"), "list")},
+        ("vhost",))},
+    "/api/vhost-limits/{vhost}/{name}": {
+        "put": _op("set a vhost limit: name max-connections (cluster-wide, refused at "
+                   "connection.open with 530) or max-queues (refused at queue.declare with 406)",
+                   {"204": _NO_CONTENT}, VQ, body="LimitValue"),
+        "delete": _op("clear a vhost limit (204 whether or not it was set)",
+                      {"204": _NO_CONTENT}, VQ)},
+    "/api/user-limits": {"get": _op("limits of every user that has some",
+                                    {"200": _json(_list_of("UserLimits"), "list")})},
+    "/api/user-limits/{user}": {"get": _op(
+        "a user's limits (an empty list: none)", {"200": _json(_list_of("UserLimits"), "list")},
+        ("user",))},
+    "/api/user-limits/{user}/{name}": {
+        "put": _op("set a user limit: name max-connections or max-channels (cluster-wide, "
+                   "refused with 530)", {"204": _NO_CONTENT}, ("user", "name"), body="LimitValue"),
+        "delete": _op("clear a user limit (204 whether or not it was set)",
+                      {"204": _NO_CONTENT}, ("user", "name"))},
     "/api/exchanges": {"get": _op("exchanges", {"200": _json(_list_of("Exchange"), "list")})},
     "/api/exchanges/{vhost}": {"get": _op("exchanges in a vhost",
                                           {"200": _json(_list_of("Exchange"), "list")}, ("vhost",))},

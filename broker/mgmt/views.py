@@ -179,9 +179,19 @@ def vhost_view(r: md.VhostRecord, node: Any = None) -> dict[str, Any]:
     return out
 
 
-def user_view(r: md.UserRecord) -> dict[str, Any]:
+def user_view(r: md.UserRecord, state: md.MetadataState | None = None) -> dict[str, Any]:
     return {"name": r.name, "password_hash": r.password_hash,
-            "hashing_algorithm": r.hashing_algorithm, "tags": list(r.tags), "limits": {}}
+            "hashing_algorithm": r.hashing_algorithm, "tags": list(r.tags),
+            "limits": user_limits(state, r.name) if state is not None else {}}
+
+
+def vhost_limits(state: md.MetadataState, vhost: str) -> dict[str, int]:
+    """A vhost's limits as RabbitMQ shows them: {"max-queues": 5, ...}."""
+    return {name: lim.value for (vh, name), lim in state.vhost_limits.items() if vh == vhost}
+
+
+def user_limits(state: md.MetadataState, user: str) -> dict[str, int]:
+    return {name: lim.value for (u, name), lim in state.user_limits.items() if u == user}
 
 
 def permission_view(p: md.Permission) -> dict[str, Any]:

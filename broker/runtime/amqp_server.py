@@ -1113,6 +1113,7 @@ class AmqpConnection(asyncio.Protocol):
         self.connected_at = int(time.time() * 1000)
         self.client_properties: dict[str, Any] = {}
         self.auth_mechanism = ""
+        self.amqp.channel_open_check = self._channel_allowed
 
     # ------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -1182,7 +1183,9 @@ class AmqpConnection(asyncio.Protocol):
                 self._schedule_tick()
         elif t is ev.ConnectionOpen:
             state = self.node.meta.state
-            err = md.check_vhost_access(state, self.user, event.virtual_host)
+            # RabbitMQ checks the vhost's and the user's connection limits before access.
+            err = self.node.limits.connection_refused(self.user, event.virtual_host) \
+                or md.check_vhost_access(state, self.user, event.virtual_host)
             if err is not None:
                 self.write(amqp.connection_error(530, err.text, 10, 40))
             else:
@@ -1221,6 +1224,11 @@ class AmqpConnection(asyncio.Protocol):
         self.client_properties = event.client_properties or {}
         self.auth_mechanism = event.mechanism
         self.write(amqp.accept_login())
+
+    def _channel_allowed(self) -> tuple[int, str] | None:
+        """ServerConnection.channel_open_check: the user's max-channels (530)."""
+        err = self.node.limits.channel_refused(self.user)
+        return None if err is None else (err.code, err.text)
 
     def channel_failed(self, ch: Channel, err: ChannelError) -> None:
         amqp = self.amqp

@@ -47,6 +47,7 @@ from .dead_letter import dead_letter_message, dl_cycle
 from .declarations import Declarations, qq_args
 from .definitions import DefinitionsError, load_definitions_file
 from .errors import QueueGone
+from .limits import ConnectionLimits
 from .liveness import Liveness
 from .membership import Membership
 from .membership import control as membership_control
@@ -102,6 +103,8 @@ class Node:
         self.membership = Membership(self)
         self.liveness = Liveness(self.node_name, None, self._known_nodes, self._local_channel_open)
         self.declarations = Declarations(self)
+        #: vhost/user connection and channel limits, counted cluster-wide (runtime/limits.py)
+        self.limits = ConnectionLimits(self)
         self._housekeeping_task: asyncio.Task[None] | None = None
         self.alarms = Alarms(self.node_name, self.data_dir, config)
         #: resources with an alarm anywhere in the cluster: publishers are blocked
@@ -177,6 +180,7 @@ class Node:
                          "the metadata store did not become ready (is a quorum of "
                          f"{members} reachable?)")
         self._housekeeping_task = loop.create_task(self._housekeeping())
+        self.limits.start()
         self.alarms.check()
         self._alarms_changed()
         if self.storage is not None:
@@ -236,6 +240,7 @@ class Node:
             self._housekeeping_task.cancel()
         if self._alarm_task is not None:
             self._alarm_task.cancel()
+        self.limits.stop()
         if self._join_task is not None:
             self._join_task.cancel()
         for q in self.queues.values():
@@ -687,6 +692,8 @@ class Node:
             if not isinstance(q, QuorumQueue):
                 return None
             return {"node": self.node_name, **st_manifest.group_usage(q.glog.path)}
+        if op == "limit_counts":
+            return self.limits.local_counts().to_wire()
         if op == "close_connection":
             return self.close_local_connection(str(args[0]), str(args[1]))
         raise ValueError(f"unknown call {op!r}")
