@@ -406,6 +406,70 @@ def cmd_clear_policy(c: Client, o: Output, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---------------------------------------------------------------- limits
+# rabbitmqctl's set_vhost_limits / set_user_limits take a JSON object of limits
+# and set each; clear_* take one limit's name or "all".
+VHOST_LIMITS = ("max-connections", "max-queues")
+USER_LIMITS = ("max-connections", "max-channels")
+
+
+def _limits_json(text: str) -> dict[str, Any]:
+    try:
+        limits = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"the limits are not valid JSON: {exc}", EXIT_USAGE) from None
+    if not isinstance(limits, dict) or not limits:
+        raise CliError("the limits must be a JSON object, e.g. '{\"max-connections\": 64}'",
+                       EXIT_USAGE)
+    return limits
+
+
+def cmd_set_vhost_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+    limits = _limits_json(a.definition)
+    for name, value in limits.items():
+        c.call("PUT", f"/api/vhost-limits/{q(a.vhost)}/{q(name)}", {"value": value})
+    o.message(f"set limits of vhost '{a.vhost}': {json.dumps(limits)}")
+    return EXIT_OK
+
+
+def cmd_clear_vhost_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+    for name in VHOST_LIMITS if a.limit == "all" else (a.limit,):
+        c.call("DELETE", f"/api/vhost-limits/{q(a.vhost)}/{q(name)}")
+    o.message(f"cleared {a.limit} limits of vhost '{a.vhost}'" if a.limit == "all"
+              else f"cleared limit {a.limit} of vhost '{a.vhost}'")
+    return EXIT_OK
+
+
+def cmd_list_vhost_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+    path = "/api/vhost-limits" + (f"/{q(a.vhost)}" if a.vhost else "")
+    o.rows([{"vhost": r["vhost"], "limits": json.dumps(r["value"], sort_keys=True)}
+            for r in c.call("GET", path)], ("vhost", "limits"))
+    return EXIT_OK
+
+
+def cmd_set_user_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+    limits = _limits_json(a.definition)
+    for name, value in limits.items():
+        c.call("PUT", f"/api/user-limits/{q(a.username)}/{q(name)}", {"value": value})
+    o.message(f"set limits of user '{a.username}': {json.dumps(limits)}")
+    return EXIT_OK
+
+
+def cmd_clear_user_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+    for name in USER_LIMITS if a.limit == "all" else (a.limit,):
+        c.call("DELETE", f"/api/user-limits/{q(a.username)}/{q(name)}")
+    o.message(f"cleared {a.limit} limits of user '{a.username}'" if a.limit == "all"
+              else f"cleared limit {a.limit} of user '{a.username}'")
+    return EXIT_OK
+
+
+def cmd_list_user_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+    path = "/api/user-limits" + (f"/{q(a.username)}" if a.username else "")
+    o.rows([{"user": r["user"], "limits": json.dumps(r["value"], sort_keys=True)}
+            for r in c.call("GET", path)], ("user", "limits"))
+    return EXIT_OK
+
+
 def _critical_path(node: str | None) -> str:
     path = "/api/health/checks/node-is-quorum-critical"
     return path + (f"?node={q(node)}" if node else "")
@@ -548,6 +612,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name")
     sp.add_argument("--operator", action="store_true", help="an operator policy")
     vhost(sp)
+    sp = add("set_vhost_limits", cmd_set_vhost_limits,
+             "set limits of a vhost: max-connections, max-queues (negative: no limit)")
+    sp.add_argument("definition", help="JSON object, e.g. '{\"max-connections\": 64}'")
+    vhost(sp)
+    sp = add("clear_vhost_limits", cmd_clear_vhost_limits, "clear one limit of a vhost, or all")
+    sp.add_argument("limit", nargs="?", default="all", choices=(*VHOST_LIMITS, "all"))
+    vhost(sp)
+    sp = add("list_vhost_limits", cmd_list_vhost_limits, "vhosts with limits and their limits")
+    sp.add_argument("--vhost", "-p", default=None, help="only this vhost")
+    sp = add("set_user_limits", cmd_set_user_limits,
+             "set limits of a user: max-connections, max-channels (negative: no limit)")
+    sp.add_argument("username")
+    sp.add_argument("definition", help="JSON object, e.g. '{\"max-channels\": 100}'")
+    sp = add("clear_user_limits", cmd_clear_user_limits, "clear one limit of a user, or all")
+    sp.add_argument("username")
+    sp.add_argument("limit", nargs="?", default="all", choices=(*USER_LIMITS, "all"))
+    sp = add("list_user_limits", cmd_list_user_limits, "users with limits and their limits")
+    sp.add_argument("--username", default=None, help="only this user")
     sp = add("check_if_node_is_quorum_critical", cmd_check_quorum_critical,
              "fail (69) if stopping the node would leave a quorum queue without quorum")
     sp.add_argument("--node", default=None, help="node to check (default: the one at --url)")

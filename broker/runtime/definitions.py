@@ -108,6 +108,21 @@ def _tags(value: Any, where: str) -> tuple[str, ...]:
     raise DefinitionsError(f"{where}: 'tags' must be a list of strings or a string")
 
 
+def _limits(value: Any, kind: str, where: str) -> list[tuple[str, int]]:
+    """Limits as RabbitMQ exports them: users[].limits, a vhost-limits
+    parameter's value, vhosts[].limits: an object {name: integer}; empty as
+    {} or [] (RabbitMQ writes [] for a vhost whose limits were all cleared)."""
+    if value is None or value == []:
+        return []
+    if not isinstance(value, dict):
+        raise DefinitionsError(f"{where}: 'limits' must be an object, got {value!r}")
+    for name, n in value.items():
+        err = md.validate_limit(kind, name, n)
+        if err is not None:
+            raise DefinitionsError(f"{where}: {err.text}")
+    return list(value.items())
+
+
 def parse_definitions(doc: Any, salt: Callable[[], bytes], default_user: str = "guest",
                       default_vhost: str = "/") -> Plan:
     """Validate a decoded definitions document and plan its import (pure but for
@@ -126,6 +141,8 @@ def parse_definitions(doc: Any, salt: Callable[[], bytes], default_user: str = "
             raise DefinitionsError(f"{where}: unsupported default_queue_type {dqt!r}")
         vhosts.add(name)
         plan.commands.append(md.AddVhost(md.VhostName(name), description, tags, dqt))
+        for limit, value in _limits(v.get("limits"), "vhost", where):
+            plan.commands.append(md.SetVhostLimit(md.VhostName(name), limit, value))
     users: set[str] = set()
     for where, u in _items(doc, "users"):
         name = _req(u, "name", where)
@@ -142,6 +159,8 @@ def parse_definitions(doc: Any, salt: Callable[[], bytes], default_user: str = "
         users.add(name)
         plan.commands.append(md.AddUser(md.UserName(name), password_hash, algorithm,
                                         _tags(u.get("tags"), where)))
+        for limit, value in _limits(u.get("limits"), "user", where):
+            plan.commands.append(md.SetUserLimit(md.UserName(name), limit, value))
     granted: set[tuple[str, str]] = set()
     for where, p in _items(doc, "permissions"):
         user, vhost = _req(p, "user", where), _req(p, "vhost", where)
@@ -154,6 +173,14 @@ def parse_definitions(doc: Any, salt: Callable[[], bytes], default_user: str = "
             md.UserName(_req(p, "user", where)), md.VhostName(_req(p, "vhost", where)),
             md.ExchangeName(_req(p, "exchange", where)), _req(p, "write", where),
             _req(p, "read", where)))
+    # RabbitMQ 3.10 exports vhost limits as the runtime parameter
+    # {"component": "vhost-limits", "name": "limits", "vhost": v, "value": {...}}
+    # (value [] once every limit was cleared); other parameters are not imported.
+    for where, p in _items(doc, "parameters"):
+        if p.get("component") == "vhost-limits":
+            vhost = _req(p, "vhost", where)
+            for limit, value in _limits(p.get("value"), "vhost", where):
+                plan.commands.append(md.SetVhostLimit(md.VhostName(vhost), limit, value))
     for where, p in _items(doc, "policies"):
         plan.commands.append(md.SetPolicy(
             md.VhostName(_req(p, "vhost", where)), md.PolicyName(_req(p, "name", where)),

@@ -244,3 +244,106 @@ def test_limits_survive_a_restart(tmp_path: Path) -> None:
         assert err2.value.reply_code == 406
     finally:
         b.kill()
+
+
+def test_qqctl_sets_lists_and_clears_limits(limited: tuple[BrokerProcess, Api]) -> None:
+    import io
+    import json
+
+    from broker import cli
+
+    b, api = limited
+
+    def qqctl(*args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = cli.main(["--url", api.base, *args], out, err)
+        return code, out.getvalue(), err.getvalue()
+
+    assert qqctl("set_vhost_limits", "-p", "lim-v2", '{"max-connections": 4, "max-queues": 9}')[0] == 0
+    assert qqctl("set_user_limits", "limuser", '{"max-channels": 3}')[0] == 0
+    assert api.get("/api/vhost-limits/lim-v2")[1] == [
+        {"vhost": "lim-v2", "value": {"max-connections": 4, "max-queues": 9}}]
+    code, out, _ = qqctl("--json", "list_user_limits", "--username", "limuser")
+    assert code == 0 and json.loads(out) == [{"user": "limuser", "limits": '{"max-channels": 3}'}]
+    code, out, _ = qqctl("list_vhost_limits")
+    assert code == 0 and "lim-v2" in out and '"max-queues": 9' in out
+    code, _, err = qqctl("set_vhost_limits", '{"max-foo": 1}')
+    assert code == 1 and 'Unrecognised terms [{<<"max-foo">>,1}] in limits' in err
+    assert qqctl("set_vhost_limits", "[1]")[0] == 2
+    assert qqctl("clear_vhost_limits", "max-queues", "-p", "lim-v2")[0] == 0
+    assert api.get("/api/vhost-limits/lim-v2")[1] == [{"vhost": "lim-v2", "value": {"max-connections": 4}}]
+    assert qqctl("clear_vhost_limits", "-p", "lim-v2")[0] == 0
+    assert qqctl("clear_user_limits", "limuser", "all")[0] == 0
+    assert api.get("/api/vhost-limits") == (200, []) and api.get("/api/user-limits") == (200, [])
+    connect(b, "lim-v2", "limuser", "pw").close()
+
+
+#: RabbitMQ 3.10.8's export with limits set (GET /api/definitions, trimmed):
+#: user limits in users[].limits, vhost limits as a "vhost-limits" parameter
+RABBITMQ_EXPORT = {
+    "rabbit_version": "3.10.8",
+    "users": [{"name": "guest", "password_hash": "5lFZCHRmsbqe3mV9J8H9xqDmzbYg5gwtaMgf9c5oLZRZNeeD",
+               "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": ["administrator"],
+               "limits": {"max-channels": 1, "max-connections": 2}},
+              {"name": "free", "password": "pw", "tags": [], "limits": {}}],
+    "vhosts": [{"name": "/"}, {"name": "cleared"}],
+    "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}],
+    "parameters": [{"value": {"max-queues": 0}, "vhost": "/", "component": "vhost-limits",
+                    "name": "limits"},
+                   {"value": [], "vhost": "cleared", "component": "vhost-limits", "name": "limits"}],
+}
+
+
+def test_definitions_import_rabbitmqs_export_of_limits(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "defs.json"
+    path.write_text(json.dumps(RABBITMQ_EXPORT))
+    b = BrokerProcess(tmp_path / "node", management_port=free_port(),
+                      config=f"load_definitions = {path}\n").start()
+    try:
+        api = Api(b.management_port)
+        assert api.get("/api/vhost-limits") == (200, [{"vhost": "/", "value": {"max-queues": 0}}])
+        assert api.get("/api/user-limits") == (
+            200, [{"user": "guest", "value": {"max-channels": 1, "max-connections": 2}}])
+        conn = connect(b)
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare("defs-q")
+        assert err.value.reply_code == 406
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err2:
+            conn.channel()
+            conn.channel()  # the closed channel freed its place: the second one is over
+        assert err2.value.reply_code == 530
+    finally:
+        b.kill()
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ({"users": [{"name": "u", "limits": {"max-queues": 1}}]},
+     'users[0]: Unrecognised terms [{<<"max-queues">>,1}] in user-limits'),
+    ({"users": [{"name": "u", "limits": {"max-channels": "x"}}]},
+     'users[0]: max-channels should be a number, actually was <<"x">>'),
+    ({"vhosts": [{"name": "v", "limits": 5}]}, "vhosts[0]: 'limits' must be an object, got 5"),
+    ({"parameters": [{"component": "vhost-limits", "vhost": "/", "value": {"max-queues": 1.5}}]},
+     "parameters[0]: max-queues should be a number, actually was 1.5"),
+])
+def test_definitions_with_bad_limits_are_refused(doc: dict[str, object], message: str) -> None:
+    from broker.runtime.definitions import DefinitionsError, parse_definitions
+
+    with pytest.raises(DefinitionsError) as err:
+        parse_definitions(doc, lambda: b"salt")
+    assert str(err.value) == message
+
+
+def test_definitions_plan_sets_limits_after_their_vhost_and_user() -> None:
+    from broker import metadata as md
+    from broker.runtime.definitions import parse_definitions
+
+    plan = parse_definitions({**RABBITMQ_EXPORT, "vhosts": [{"name": "/", "limits": {"max-connections": 3}}]},
+                             lambda: b"salt")
+    kinds = [type(c).__name__ for c in plan.commands]
+    assert kinds.index("SetVhostLimit") > kinds.index("AddVhost")
+    assert kinds.index("SetUserLimit") > kinds.index("AddUser")
+    assert md.SetVhostLimit(md.VhostName("/"), "max-connections", 3) in plan.commands
+    assert md.SetVhostLimit(md.VhostName("/"), "max-queues", 0) in plan.commands
