@@ -69,9 +69,11 @@ def _size(key: str, raw: str) -> int:
         number = float(digits)
     except ValueError:
         raise ConfigError(f"{key}: expected bytes such as 50000000, 50MB or 1GiB, got {raw!r}") from None
-    if unit not in _UNITS or number < 0:
+    value = number * _UNITS.get(unit, 1)
+    # '1e400' (or 1e300 TiB) is infinity, which no int holds; 'nan' is no amount
+    if unit not in _UNITS or not 0 <= value < float("inf"):
         raise ConfigError(f"{key}: expected bytes such as 50000000, 50MB or 1GiB, got {raw!r}")
-    return int(number * _UNITS[unit])
+    return int(value)
 
 
 def _ratio(lo: float, hi: float) -> Callable[[str, str], float]:
@@ -289,7 +291,8 @@ def parse_conf(text: str, source: str = "config") -> dict[str, str]:
         key, _, value = stripped.partition("=")
         key, value = key.strip(), value.strip()
         head, _, tail = key.rpartition(".")
-        if tail.isdigit() and head in _BY_KEY and _BY_KEY[head].is_list:
+        # isascii: str.isdigit() is also true for '²' and other digits int() refuses
+        if tail.isascii() and tail.isdigit() and head in _BY_KEY and _BY_KEY[head].is_list:
             lists.setdefault(head, []).append((int(tail), value))
             continue
         if head in _NAMED_FLAG_LISTS and tail:
