@@ -40,6 +40,7 @@ from collections import deque
 from typing import Any
 
 import msgpack
+from broker.common.packing import packb
 
 from broker import queue as qm
 from broker import storage as st
@@ -255,7 +256,7 @@ class DurableClassicQueue(QueueProcess):
             raise st.GroupFailedError(f"classic queue {self.group_id!r} stopped: {self.stopped}")
         fut: asyncio.Future[Any] = self._loop.create_future()
         ts = int(time.time() * 1000)
-        data = msgpack.packb([ts, payload], use_bin_type=True)
+        data = packb([ts, payload])
         if not wire.is_plain(payload):
             # apply exactly what a replay decodes
             payload = msgpack.unpackb(data, raw=False, strict_map_key=False)[1]

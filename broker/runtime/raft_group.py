@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from broker.common.packing import packb
 
 from broker import storage as st
 from broker.raft import (
@@ -280,7 +281,7 @@ class RaftGroup:
         if self.stopped is not None:
             raise ProposalFailed(f"group {self.group_id} stopped: {self.stopped}")
         ts = self._clock_ms()
-        data = msgpack.packb([ts, payload], use_bin_type=True)
+        data = packb([ts, payload])
         index = self.node.propose(data)
         fut: asyncio.Future[Any] = self._loop.create_future()
         term = self.node.term
@@ -315,7 +316,7 @@ class RaftGroup:
 
     def propose_nowait(self, payload: Any) -> int:
         """Propose without waiting for the reply (the effects carry the result)."""
-        data = msgpack.packb([self._clock_ms(), payload], use_bin_type=True)
+        data = packb([self._clock_ms(), payload])
         index = self.node.propose(data)
         self._kick()
         return index

@@ -59,10 +59,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+from broker.common.packing import packb
 
 log = logging.getLogger("broker.transport")
 
 _LEN = struct.Struct(">I")
+
+
+def _array_header(n: int) -> bytes:
+    """msgpack's array header for `n` items (fixarray, array 16, array 32)."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 512 * 1024 * 1024
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
@@ -110,17 +118,25 @@ class _Outbound:
 
 
 def _encode(payload: Any) -> bytes:
-    body = msgpack.packb(payload, use_bin_type=True)
+    body = packb(payload)
     return _LEN.pack(len(body)) + body
 
 
 async def _read_frame(reader: asyncio.StreamReader, max_frame: int) -> Any:
+    """The next frame's decoded payload. Refuses an oversized or undecodable
+    frame with TransportError (the connection is then dropped); a stream that
+    ends mid-frame raises asyncio.IncompleteReadError. Nothing else."""
     header = await reader.readexactly(4)
     (length,) = _LEN.unpack(header)
     if length > max_frame:
         raise TransportError(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
     body = await reader.readexactly(length)
-    return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        # TypeError: a map key msgpack cannot hash (an array or a map), found by
+        # fuzzing; it escaped every handler, the unauthenticated handshake's too
+        raise TransportError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
 
 
 class PeerTransport:
@@ -335,7 +351,7 @@ class PeerTransport:
         parts: list[bytes] = []
         size = 0
         while queue and len(parts) < self._max_batch:
-            packed = msgpack.packb(queue[0], use_bin_type=True)
+            packed = packb(queue[0])
             if parts and size + len(packed) > self._max_batch_bytes:
                 break
             queue.popleft()
@@ -351,8 +367,7 @@ class PeerTransport:
             size += len(packed)
         if not parts:
             return None
-        packer = msgpack.Packer(use_bin_type=True)
-        body = packer.pack_array_header(len(parts)) + b"".join(parts)
+        body = _array_header(len(parts)) + b"".join(parts)
         self.stats.messages_sent += len(parts)
         return _LEN.pack(len(body)) + body
 

@@ -28,6 +28,7 @@ from dataclasses import fields
 from typing import Any
 
 import msgpack
+from broker.common.packing import packb
 
 from broker import metadata as md
 from broker import queue as qm
@@ -61,7 +62,7 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 
 def pack(obj: Any) -> bytes:
-    out: bytes = msgpack.packb(obj, use_bin_type=True, default=_default)
+    out = packb(obj, _default)
     return out
 
 

@@ -1,0 +1,59 @@
+"""broker.common.packing: the reused per-thread Packer encodes exactly what
+msgpack.packb does, and a failed pack leaves nothing behind for the next."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.common.packing import packb
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=50) | st.binary(max_size=300),
+    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=10), inner, max_size=8),
+    max_leaves=30)
+
+
+@settings(max_examples=300, derandomize=True)
+@given(_values)
+def test_same_bytes_as_packb(value: Any) -> None:
+    assert packb(value) == msgpack.packb(value, use_bin_type=True)
+
+
+def test_big_then_small_and_a_failure_in_between() -> None:
+    big = [1, b"x" * 300_000]  # grows the reused buffer past its initial size
+    assert packb(big) == msgpack.packb(big, use_bin_type=True)
+    try:
+        packb([1, 2, object()])
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("an object msgpack cannot encode was packed")
+    assert packb([3]) == b"\x91\x03"  # nothing of the failed pack is left in the buffer
+
+
+def test_default_hook_and_threads() -> None:
+    def hook(obj: Any) -> Any:
+        if isinstance(obj, set):
+            return sorted(obj)
+        raise TypeError(obj)
+
+    assert packb({1, 2}, hook) == msgpack.packb([1, 2])
+    results: list[bytes] = []
+
+    def work(i: int) -> None:
+        for _ in range(2000):
+            out = packb([i, b"y" * i])
+            if out != msgpack.packb([i, b"y" * i], use_bin_type=True):
+                results.append(out)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(1, 5)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert results == []
