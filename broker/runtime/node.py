@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import random
@@ -1279,7 +1280,17 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:  # pragma: no cover
         pass
+    tune_gc()
     return asyncio.run(_serve(config))
+
+
+def tune_gc() -> None:
+    """Young collections every 50,000 allocations instead of 700: a message
+    allocates dozens of objects, so the default ran one every few messages,
+    each walking the young generation (bench/report.py: +15-25% throughput,
+    lower p99, 3 nodes, 1 KiB). Everything allocated during start-up is then
+    frozen out of the older generations' walks (`_serve`)."""
+    gc.set_threshold(50_000, 20, 100)
 
 
 async def _serve(config: Config) -> int:
@@ -1299,6 +1310,7 @@ async def _serve(config: Config) -> int:
         print(f"qq-broker {node.node_name}: cannot start: {exc}", file=sys.stderr, flush=True)
         await node.stop()
         return 1
+    gc.freeze()  # start-up's objects (modules, config, recovered state) are never garbage
     print(f"qq-broker {node.node_name}: ready on port {node.port}", flush=True)
     await stop.wait()
     await node.stop()
