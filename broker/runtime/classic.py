@@ -40,10 +40,10 @@ from collections import deque
 from typing import Any
 
 import msgpack
-from broker.common.packing import packb
 
 from broker import queue as qm
 from broker import storage as st
+from broker.common.packing import packb
 from broker.queue import effects as qe
 from broker.queue.machine import SIZE_MASK, rec_index
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, Meta

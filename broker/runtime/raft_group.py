@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from broker.common.packing import packb
 
 from broker import storage as st
+from broker.common.packing import packb
 from broker.raft import (
     Compacted,
     Entry,

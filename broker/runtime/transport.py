@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+
 from broker.common.packing import packb
 
 log = logging.getLogger("broker.transport")

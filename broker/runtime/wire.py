@@ -28,10 +28,10 @@ from dataclasses import fields
 from typing import Any
 
 import msgpack
-from broker.common.packing import packb
 
 from broker import metadata as md
 from broker import queue as qm
+from broker.common.packing import packb
 from broker.metadata import commands as mdc
 from broker.metadata.snapshot import decode_value, encode_value
 from broker.queue.types import ChannelRef, ConsumerId
