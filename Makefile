@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 SEEDS  ?= 2000
 
-.PHONY: audit run test test-fast test-slow sim-seeds lint bench clean venv chaos
+.PHONY: audit run test test-fast test-slow sim-seeds lint bench bench-report bench-profile clean venv chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,19 @@ audit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/raft_core.py
+
+# Our broker and RabbitMQ side by side (1 and 3 nodes of each, started and
+# stopped by the script on their own ports): writes docs/PERFORMANCE.md.
+# BENCH_ARGS=--quick for a ~15 min pass; see bench/report.py.
+BENCH_ARGS ?=
+bench-report: $(STAMP)
+	./scripts/ensure-rabbitmq
+	$(PY) bench/report.py $(BENCH_ARGS)
+
+# Where a message's time goes on each node of a 3-node cluster under load
+# (py-spy, root or ptrace permission): bench/profile.py.
+bench-profile: $(STAMP)
+	$(PY) bench/profile.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

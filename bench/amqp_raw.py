@@ -72,6 +72,12 @@ class RawClient:
                                               arguments=FieldTable({"x-queue-type": "quorum"})))
         self._expect(commands.Queue.DeclareOk)
 
+    def depth(self, name: str) -> int:
+        """Ready messages in `name` (a passive queue.declare)."""
+        self._send(1, commands.Queue.Declare(queue=name, passive=True))
+        ok = self._expect(commands.Queue.DeclareOk)
+        return int(ok.message_count)  # type: ignore[attr-defined]
+
     def purge(self, name: str) -> None:
         self._send(1, commands.Queue.Purge(queue=name))
         self._expect(commands.Queue.PurgeOk)
@@ -102,16 +108,24 @@ class RawClient:
 
     # -- hot path
     @staticmethod
-    def publish_frames(routing_key: bytes, body: bytes, channel: int = 1) -> bytes:
-        """basic.publish to the default exchange, persistent, as three frames."""
+    def publish_frames(routing_key: bytes, body: bytes, channel: int = 1,
+                       frame_max: int = 131072) -> bytes:
+        """basic.publish to the default exchange, persistent: method, header and
+        as many body frames as `frame_max` needs (one for bodies up to it)."""
         # method: class 60 method 40, reserved-1 u16, exchange shortstr "", routing key, bits
         m = struct.pack(">HHHB", 60, 40, 0, 0) + bytes([len(routing_key)]) + routing_key + b"\x00"
         # content header: class 60, weight 0, body size u64, flags: delivery-mode (bit 12)
         h = struct.pack(">HHQH", 60, 0, len(body), 0x1000) + b"\x02"
         out = _FRAME_HDR.pack(1, channel, len(m)) + m + FRAME_END
         out += _FRAME_HDR.pack(2, channel, len(h)) + h + FRAME_END
-        out += _FRAME_HDR.pack(3, channel, len(body)) + body + FRAME_END
-        return out
+        step = frame_max - 8
+        if len(body) <= step:
+            return out + _FRAME_HDR.pack(3, channel, len(body)) + body + FRAME_END
+        parts = [out]
+        for i in range(0, len(body), step):
+            chunk = body[i:i + step]
+            parts.append(_FRAME_HDR.pack(3, channel, len(chunk)) + chunk + FRAME_END)
+        return b"".join(parts)
 
     @staticmethod
     def ack_frame(delivery_tag: int, multiple: bool, channel: int = 1) -> bytes:

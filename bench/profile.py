@@ -1,0 +1,178 @@
+"""Where a message's time goes: a 3-node cluster of ours under the 1 KiB
+steady-state load of bench/report.py, each node sampled with py-spy (on-CPU
+samples only, every thread, the process not paused), then each sample charged
+to the deepest frame of our own code on its stack (so time in msgpack, struct,
+os.write or the event loop counts for the broker step that called it) and
+that frame's file to one step of the message path.
+
+    .venv/bin/python bench/profile.py                       # 1 KiB, 1 pair, 20 s
+    .venv/bin/python bench/profile.py --size 16 --pairs 10 --nodes 1
+    .venv/bin/python bench/profile.py --json bench-results/profile.json --top 15
+
+Prints, per node (node 1 leads the queue and holds the client connections):
+CPU microseconds per consumed message in each step, and the hottest
+functions. Needs ptrace permission (root) for py-spy.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import load  # noqa: E402
+from bench.load import Workload  # noqa: E402
+
+# (pattern on "file:function", step); first match wins.
+STEPS: list[tuple[str, str]] = [
+    (r"broker/amqp/codec\.py:(encode|_encode|marshal|deliver|frame_)", "AMQP encode (deliveries, acks)"),
+    (r"broker/amqp/", "AMQP decode and connection state"),
+    (r"broker/runtime/amqp_server\.py:.*(write|deliver|_flush|send)", "delivery and socket writes"),
+    (r"broker/runtime/amqp_server\.py", "AMQP channel handlers"),
+    (r"broker/metadata/routing", "routing"),
+    (r"broker/runtime/(publish|cluster_local|cluster)\.py", "forwarding and confirms"),
+    (r"broker/runtime/(transport|peer_wire|raft_wire|wire)\.py", "replication encode/decode and peer I/O"),
+    (r"broker/raft/", "Raft"),
+    (r"broker/runtime/raft_group\.py", "Raft group (runtime)"),
+    (r"broker/storage/", "WAL, segments, snapshots"),
+    (r"broker/queue/", "queue machine apply"),
+    (r"broker/runtime/queues\.py", "queue effects (runtime)"),
+    (r"broker/runtime/node\.py", "node (timers, routing of callbacks)"),
+    (r"broker/", "other broker code"),
+]
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*)\)$")
+
+
+def step_of(file: str, func: str) -> str:
+    key = f"{file}:{func}"
+    for pat, step in STEPS:
+        if re.search(pat, key):
+            return step
+    return "other broker code"
+
+
+def attribute(raw: str) -> tuple[collections.Counter[str], collections.Counter[str], int]:
+    """py-spy raw (collapsed) stacks -> samples per step and per function."""
+    steps: collections.Counter[str] = collections.Counter()
+    funcs: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        owner = None
+        for fr in reversed(frames):
+            m = _FRAME.match(fr)
+            if m and "broker/" in m["file"]:
+                f = m["file"]
+                owner = (f[f.index("broker/"):], m["func"])
+                break
+        if owner is None:
+            leaf = frames[-1]
+            step = "event loop, no broker frame" if ("asyncio" in stack or "uvloop" in stack) \
+                else "interpreter/other threads"
+            steps[step] += n
+            funcs[leaf[:90]] += n
+            continue
+        steps[step_of(*owner)] += n
+        funcs[f"{owner[0]}:{owner[1]}"] += n
+    return steps, funcs, total
+
+
+def record(pid: int, seconds: float, rate: int, out: Path, lines: bool,
+           native: bool = False) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(pid), "-d", str(int(seconds)),
+         "-r", str(rate), "-f", "raw", *([] if lines else ["--nolineno"]), "--threads",
+         *(["--native"] if native else ["--nonblocking"]), "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=3)
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--queues", type=int, default=1)
+    ap.add_argument("--pairs", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=20.0, help="seconds of load (profiled: all but 4)")
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--lines", action="store_true", help="hottest lines instead of functions")
+    ap.add_argument("--native", action="store_true", help="C frames too (pauses each node per sample)")
+    ap.add_argument("--keep", type=Path, help="copy the raw py-spy stacks into this directory")
+    args = ap.parse_args()
+    from tests.cluster.conftest import Cluster
+
+    wl = Workload("profile", args.size, args.queues, args.pairs, duration=args.seconds)
+    with tempfile.TemporaryDirectory(prefix="qq-profile-") as d:
+        c = Cluster(Path(d), size=args.nodes)
+        for n in c.nodes:
+            n.env["QQ_LOG_LEVEL"] = "WARNING"
+        c.start()
+        try:
+            ports = [n.port for n in c.nodes]
+            pids = [n.proc.pid for n in c.nodes if n.proc]
+            result: dict[str, float] = {}
+            t = threading.Thread(target=lambda: result.update(load.run(wl, "127.0.0.1", ports, pids)))
+            t.start()
+            time.sleep(2.0)  # past connection set-up and the first burst
+            window = args.seconds - 4.0
+            outs = [Path(d) / f"n{i + 1}.raw" for i in range(len(pids))]
+            procs = [record(pid, window, args.rate, o, args.lines, args.native) for pid, o in zip(pids, outs, strict=True)]
+            for p in procs:
+                _, err = p.communicate()
+                if p.returncode != 0:
+                    print(f"py-spy failed: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+                    return 1
+            t.join()
+            raws = [o.read_text() for o in outs]
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for o, raw in zip(outs, raws, strict=True):
+                    (args.keep / o.name).write_text(raw)
+        finally:
+            c.stop()
+    msgs = result["rate"] * window
+    print(f"{args.nodes} node(s), {args.size} B, {args.queues} queue(s), {args.pairs} pair(s): "
+          f"{result['rate']:,.0f} msg/s end to end, p99 {result['p99']:.0f} ms; profiled "
+          f"{window:.0f} s (~{msgs:,.0f} messages) at {args.rate} samples/s per node")
+    report = {"rate": result["rate"], "p99": result["p99"], "window_s": window, "nodes": []}
+    per_sample_us = 1e6 / args.rate
+    for i, raw in enumerate(raws):
+        steps, funcs, total = attribute(raw)
+        busy = total / (args.rate * window)
+        print(f"\nnode {i + 1}{' (leader, clients)' if i == 0 else ''}: CPU busy {busy * 100:.0f}% "
+              f"of one core, {total * per_sample_us / msgs:.1f} us per message")
+        for step, n in steps.most_common():
+            print(f"  {n * per_sample_us / msgs:7.1f} us  {n / total * 100:5.1f}%  {step}")
+        print("  hottest functions (with what they call):")
+        for fn, n in funcs.most_common(args.top):
+            print(f"  {n * per_sample_us / msgs:7.1f} us  {fn}")
+        report["nodes"].append({
+            "busy": busy, "us_per_msg": total * per_sample_us / msgs,
+            "steps": {s: n * per_sample_us / msgs for s, n in steps.most_common()},
+            "functions": {f: n * per_sample_us / msgs for f, n in funcs.most_common(40)}})
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    if os.geteuid() != 0:
+        print("bench/profile.py: py-spy needs root (ptrace) to attach to the broker", file=sys.stderr)
+    sys.exit(main())
