@@ -10,6 +10,9 @@ const rate = (ms, key) => (ms && ms[`${key}_details`] ? ms[`${key}_details`].rat
 
 let refreshTimer = null;
 const history = {};  // queue key -> [{t, publish, deliver}] for rate charts
+const nodeHistory = {};  // node name -> [{t, mem_used, disk_free}], the last 5 minutes
+const NODE_WINDOW_MS = 5 * 60 * 1000;
+const COLOURS = ["#0b5cad", "#bf3989", "#116329", "#9a6700", "#8250df", "#cf222e"];
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -46,7 +49,19 @@ function banner(msg) {
   if (msg) { b.textContent = msg; b.hidden = false; } else { b.hidden = true; b.textContent = ""; }
 }
 
+// every page polls /api/nodes on each refresh: each poll is one sample of
+// every node's memory used and disk free for the overview's history charts
+function rememberNodes(nodes) {
+  const now = Date.now();
+  for (const n of nodes) {
+    const h = nodeHistory[n.name] || (nodeHistory[n.name] = []);
+    h.push({ t: now, mem_used: n.running ? n.mem_used ?? null : null, disk_free: n.running ? n.disk_free ?? null : null });
+    while (h.length && h[0].t < now - NODE_WINDOW_MS) h.shift();
+  }
+}
+
 function downBanner(nodes) {
+  rememberNodes(nodes);
   const down = nodes.filter((n) => !n.running).map((n) => n.name);
   if (down.length) banner(`Node${down.length > 1 ? "s" : ""} down: ${down.join(", ")}`);
 }
@@ -115,9 +130,8 @@ async function route(refresh = false) {
   const page = parts[0] === "queues" && parts.length >= 3 ? "queue" : parts[0] || "overview";
   const fn = pages[page] || overview;
   try {
-    const state = refresh ? captureForm(view) : null;
-    await fn(view, parts.slice(1));
-    if (state) restoreForm(view, state);
+    refreshing = refresh;
+    try { await fn(view, parts.slice(1)); } finally { refreshing = false; }
     if (fn !== overview) downBanner(await api("GET", "/api/nodes"));  // on every page
   } catch (e) {
     if (e.status !== 401) view.innerHTML = `<h2>Error</h2><p class="error">${esc(e.message)}</p>`;
@@ -125,15 +139,32 @@ async function route(refresh = false) {
   scheduleRefresh();
 }
 
-// keep what the user is typing across refreshes
+// keep what the user is typing across refreshes: an auto refresh (route(true))
+// takes the fields' values at the moment it redraws the page, after its API
+// calls, so nothing typed while they were under way is lost
+let refreshing = false;
+function render(view, html) {
+  const state = refreshing ? captureForm(view) : null;
+  view.innerHTML = html;
+  if (state) restoreForm(view, state);
+}
+
 function captureForm(root) {
   const out = {};
   for (const el of root.querySelectorAll("input, select, textarea")) if (el.id) out[el.id] = el.type === "checkbox" ? el.checked : el.value;
   out.__focus = document.activeElement && document.activeElement.id;
+  // and the API's last message under each form, until the next submit
+  out.__errors = {};
+  for (const f of root.querySelectorAll("form[id]")) { const e = f.querySelector(".error"); if (e && e.textContent) out.__errors[f.id] = e.textContent; }
   return out;
 }
 function restoreForm(root, state) {
+  for (const [id, text] of Object.entries(state.__errors || {})) {
+    const e = root.querySelector(`form#${CSS.escape(id)} .error`);
+    if (e) e.textContent = text;
+  }
   for (const [id, v] of Object.entries(state)) {
+    if (id.startsWith("__")) continue;
     const el = root.querySelector(`#${CSS.escape(id)}`);
     if (el) { if (el.type === "checkbox") el.checked = v; else el.value = v; }
   }
@@ -153,7 +184,11 @@ function onSubmit(root, sel, fn) {
     const form = ev.target;
     const out = form.querySelector(".error");
     if (out) out.textContent = "";
-    try { await fn(new FormData(form), form); } catch (e) { if (out) out.textContent = e.message; else notice(e.message); }
+    try { await fn(new FormData(form), form); } catch (e) {
+      // a refresh may have redrawn the form while the call was under way
+      const now = (form.id && root.querySelector(`form#${CSS.escape(form.id)} .error`)) || out;
+      if (now) now.textContent = e.message; else notice(e.message);
+    }
   });
 }
 
@@ -168,6 +203,38 @@ function sparkline(points, keys) {
   }).join("");
   return `<svg class="chart" viewBox="0 0 ${w} ${h}" role="img" aria-label="rates: ${keys.join(", ")} (max ${max.toFixed(1)}/s)">${lines}</svg>
     <p>${keys.map((k, i) => `<span style="color:${["#0b5cad", "#bf3989", "#116329"][i]}">■</span> ${esc(k)} ${points[points.length - 1][k].toFixed(1)}/s`).join(" &nbsp; ")}</p>`;
+}
+
+// one line per node of nodeHistory[*][key] over time (x: the samples' times,
+// at most the last 5 minutes; y: from the smallest to the largest value shown,
+// which the legend states); a node's missing samples (down) leave a gap
+function historyChart(id, title, key) {
+  const names = Object.keys(nodeHistory).sort();
+  const most = Math.max(0, ...names.map((n) => nodeHistory[n].filter((s) => s[key] != null).length));
+  if (most < 2) return `<figure class="history"><figcaption>${esc(title)}</figcaption><p id="${id}" data-samples="${most}">Collecting samples…</p></figure>`;
+  const all = names.flatMap((n) => nodeHistory[n]);
+  const values = all.map((s) => s[key]).filter((v) => v != null);
+  const t0 = Math.min(...all.map((s) => s.t)), t1 = Math.max(...all.map((s) => s.t));
+  let lo = Math.min(...values), hi = Math.max(...values);
+  const pad = Math.max((hi - lo) * 0.1, hi * 0.005, 1);
+  lo = Math.max(0, lo - pad); hi += pad;
+  const w = 600, h = 110;
+  const x = (t) => ((t - t0) / Math.max(1, t1 - t0) * w).toFixed(1);
+  const y = (v) => (h - 4 - ((v - lo) / (hi - lo)) * (h - 8)).toFixed(1);
+  const shapes = names.map((n, i) => {
+    const runs = [[]];
+    for (const s of nodeHistory[n]) { if (s[key] == null) runs.push([]); else runs[runs.length - 1].push(s); }
+    return runs.filter((r) => r.length).map((r) => r.length === 1
+      ? `<circle cx="${x(r[0].t)}" cy="${y(r[0][key])}" r="3" fill="${COLOURS[i % COLOURS.length]}" data-node="${esc(n)}"/>`
+      : `<polyline fill="none" stroke="${COLOURS[i % COLOURS.length]}" stroke-width="2" vector-effect="non-scaling-stroke" data-node="${esc(n)}" points="${r.map((s) => `${x(s.t)},${y(s[key])}`).join(" ")}"/>`).join("");
+  }).join("");
+  const last = (n) => { const s = nodeHistory[n].filter((p) => p[key] != null).pop(); return s ? fmtBytes(s[key]) : "?"; };
+  const minutes = Math.max(1, Math.round((t1 - t0) / 60000));
+  return `<figure class="history"><figcaption>${esc(title)}</figcaption>
+    <svg class="chart" id="${id}" data-samples="${most}" viewBox="0 0 ${w} ${h}" preserveAspectRatio="none" role="img"
+      aria-label="${esc(title)} per node over ${(t1 - t0) < 60000 ? "less than a minute" : `about ${minutes} minute(s)`}: ${esc(names.map((n) => `${n} ${last(n)}`).join(", "))}">${shapes}</svg>
+    <p class="legend">${names.map((n, i) => `<span><span style="color:${COLOURS[i % COLOURS.length]}" aria-hidden="true">■</span> ${esc(n)} ${last(n)}</span>`).join(" ")}
+      <span class="muted">(scale ${fmtBytes(Math.round(lo))} – ${fmtBytes(Math.round(hi))})</span></p></figure>`;
 }
 
 function remember(key, ms) {
@@ -185,7 +252,7 @@ async function overview(view) {
   downBanner(nodes);
   const qt = ov.queue_totals, ot = ov.object_totals;
   const points = remember("__overview", ov.message_stats);
-  view.innerHTML = `<h2>Overview</h2>
+  render(view, `<h2>Overview</h2>
     <div class="cards">
       <div class="card"><div>Cluster</div><div class="big">${esc(ov.cluster_name)}</div></div>
       <div class="card"><div>Messages ready</div><div class="big" id="total-ready">${qt.messages_ready}</div></div>
@@ -208,7 +275,9 @@ async function overview(view) {
       { label: "QQ leaders", key: "quorum_queue_leaders", num: true },
       { label: "Metadata leader", html: (n) => n.metadata_leader ? "yes" : "" },
       { label: "", html: (n) => n.running ? `<button type="button" data-grow="${esc(n.name)}" aria-label="Grow every quorum queue onto ${esc(n.name)}">Grow queues onto</button>` : "" },
-    ], nodes, { id: "nodes" })}`;
+    ], nodes, { id: "nodes" })}
+    <h3>Node memory and disk (last 5 minutes)</h3>
+    <div class="histories">${historyChart("mem-history", "Memory used", "mem_used")}${historyChart("disk-history", "Disk free", "disk_free")}</div>`);
   for (const b of view.querySelectorAll("button[data-grow]")) {
     b.addEventListener("click", async () => {
       const node = b.dataset.grow;
@@ -240,7 +309,7 @@ async function queues(view) {
   const pages = Math.max(1, Math.ceil(rows.length / PAGE));
   queuePage = Math.min(queuePage, pages - 1);
   const shown = rows.slice(queuePage * PAGE, (queuePage + 1) * PAGE);
-  view.innerHTML = `<h2>Queues</h2>
+  render(view, `<h2>Queues</h2>
     <form class="inline" id="queue-filter-form" role="search"><label>Filter by name or vhost <input id="queue-filter" value="${esc(filter)}" type="search"></label></form>
     ${table("Queues", [
       { label: "Virtual host", key: "vhost", sort: true },
@@ -262,7 +331,7 @@ async function queues(view) {
     <form class="inline" id="add-queue"><label>Virtual host <input id="new-queue-vhost" name="vhost" value="/" required></label>
       <label>Name <input id="new-queue-name" name="name" required></label>
       <label>Type <select id="new-queue-type" name="type"><option>quorum</option><option>classic</option></select></label>
-      <button type="submit">Add queue</button><span class="error" role="alert"></span></form>`;
+      <button type="submit">Add queue</button><span class="error" role="alert"></span></form>`);
   $("#queue-filter").addEventListener("input", () => { queuePage = 0; queues(view).then(() => { const f = $("#queue-filter"); f.focus(); f.setSelectionRange(f.value.length, f.value.length); }); });
   $("#queue-filter-form").addEventListener("submit", (e) => e.preventDefault());
   for (const b of view.querySelectorAll("th button[data-sort]")) {
@@ -288,7 +357,7 @@ async function queue(view, [vhost, name]) {
   const points = remember(`${vhost}/${name}`, q.message_stats);
   const nonMembers = nodes.map((n) => n.name).filter((n) => !(q.members || []).includes(n));
   const leaderCommit = Math.max(0, ...status.map((m) => m.commit_index || 0));
-  view.innerHTML = `<h2>Queue <span id="queue-name">${esc(name)}</span> <small>in ${esc(vhost)}</small></h2>
+  render(view, `<h2>Queue <span id="queue-name">${esc(name)}</span> <small>in ${esc(vhost)}</small></h2>
     <div class="cards">
       <div class="card"><div>Type</div><div class="big">${esc(q.type)}</div></div>
       <div class="card"><div>Leader</div><div class="big" id="queue-leader">${esc(q.leader)}</div></div>
@@ -334,7 +403,7 @@ async function queue(view, [vhost, name]) {
     <div id="got" aria-live="polite"></div>
     <h3>Actions</h3>
     <p><button type="button" id="purge" class="danger">Purge messages</button>
-       <button type="button" id="delete" class="danger">Delete queue</button></p>`;
+       <button type="button" id="delete" class="danger">Delete queue</button></p>`);
   onSubmit(view, "#publish", async (fd) => {
     const r = await api("POST", `/api/exchanges/${enc(vhost)}/amq.default/publish`, {
       properties: { delivery_mode: +fd.get("mode") }, routing_key: name, payload: fd.get("payload"), payload_encoding: "string" });
@@ -379,7 +448,7 @@ async function queue(view, [vhost, name]) {
 // ---------------------------------------------------------------- connections, exchanges
 async function connections(view) {
   const [conns, chans] = await Promise.all([api("GET", "/api/connections"), api("GET", "/api/channels")]);
-  view.innerHTML = `<h2>Connections</h2>${table("Connections", [
+  render(view, `<h2>Connections</h2>${table("Connections", [
     { label: "Name", key: "name" }, { label: "Client", html: (c) => esc((c.client_properties || {}).connection_name || (c.client_properties || {}).product || "") },
     { label: "Node", key: "node" }, { label: "User", key: "user" }, { label: "Virtual host", key: "vhost" },
     { label: "State", key: "state" }, { label: "TLS", html: (c) => c.ssl ? "yes" : "no" }, { label: "Channels", key: "channels", num: true },
@@ -389,7 +458,7 @@ async function connections(view) {
     { label: "Name", key: "name" }, { label: "Node", key: "node" }, { label: "Consumers", key: "consumer_count", num: true },
     { label: "Unacked", key: "messages_unacknowledged", num: true }, { label: "Prefetch", key: "prefetch_count", num: true },
     { label: "Confirm", html: (c) => c.confirm ? "yes" : "no" },
-  ], chans, { empty: "No channels." })}`;
+  ], chans, { empty: "No channels." })}`);
   for (const b of view.querySelectorAll("button[data-close]")) {
     b.addEventListener("click", async () => {
       if (!confirm(`Close connection ${b.dataset.close}?`)) return;
@@ -400,13 +469,13 @@ async function connections(view) {
 
 async function exchanges(view) {
   const [xs, bindings] = await Promise.all([api("GET", "/api/exchanges"), api("GET", "/api/bindings")]);
-  view.innerHTML = `<h2>Exchanges</h2>${table("Exchanges", [
+  render(view, `<h2>Exchanges</h2>${table("Exchanges", [
     { label: "Virtual host", key: "vhost" }, { label: "Name", html: (x) => esc(x.name || "(AMQP default)") }, { label: "Type", key: "type" },
     { label: "Durable", html: (x) => x.durable ? "yes" : "no" }, { label: "Internal", html: (x) => x.internal ? "yes" : "no" },
   ], xs)}<h2>Bindings</h2>${table("Bindings", [
     { label: "Virtual host", key: "vhost" }, { label: "Source", html: (b) => esc(b.source || "(AMQP default)") },
     { label: "Destination", key: "destination" }, { label: "Type", key: "destination_type" }, { label: "Routing key", key: "routing_key" },
-  ], bindings)}`;
+  ], bindings)}`);
 }
 
 // ---------------------------------------------------------------- policies
@@ -419,7 +488,7 @@ async function policies(view) {
     { label: "", html: (p) => `<button type="button" data-edit="${kind}" data-vhost="${esc(p.vhost)}" data-name="${esc(p.name)}">Edit</button>
       <button type="button" class="danger" data-delete="${kind}" data-vhost="${esc(p.vhost)}" data-name="${esc(p.name)}">Delete policy</button>` },
   ];
-  view.innerHTML = `<h2>Policies</h2>${table("Policies", cols("policies"), pols, { id: "policies", empty: "No policies." })}
+  render(view, `<h2>Policies</h2>${table("Policies", cols("policies"), pols, { id: "policies", empty: "No policies." })}
     <h2>Operator policies</h2>${table("Operator policies", cols("operator-policies"), opols, { id: "operator-policies", empty: "No operator policies." })}
     <h3>Add or update a policy</h3>
     <form class="inline" id="policy-form">
@@ -430,7 +499,7 @@ async function policies(view) {
       <label>Apply to <select id="policy-apply-to" name="apply-to"><option>queues</option><option>quorum_queues</option><option>classic_queues</option><option>exchanges</option><option>all</option></select></label>
       <label>Priority <input id="policy-priority" name="priority" type="number" value="0"></label>
       <label>Definition (JSON) <textarea id="policy-definition" name="definition" rows="2" cols="40" required>{"max-length": 1000}</textarea></label>
-      <button type="submit">Save policy</button><span class="error" role="alert"></span></form>`;
+      <button type="submit">Save policy</button><span class="error" role="alert"></span></form>`);
   onSubmit(view, "#policy-form", async (fd) => {
     let definition;
     try { definition = JSON.parse(fd.get("definition")); } catch { throw new Error("The definition is not valid JSON."); }
@@ -457,16 +526,95 @@ async function policies(view) {
 }
 
 // ---------------------------------------------------------------- admin
+// users, virtual hosts and permissions (administrator only): each form sends
+// what the RabbitMQ-compatible API takes and shows its error message as is
 async function admin(view) {
   const [users, vhosts, perms] = await Promise.all([api("GET", "/api/users"), api("GET", "/api/vhosts"), api("GET", "/api/permissions")]);
-  view.innerHTML = `<h2>Users</h2>${table("Users", [
-    { label: "Name", key: "name" }, { label: "Tags", html: (u) => esc([].concat(u.tags || []).join(", ")) },
-  ], users, { id: "users" })}<h2>Virtual hosts</h2>${table("Virtual hosts", [
-    { label: "Name", key: "name" }, { label: "Default queue type", html: (v) => esc(v.default_queue_type || "") },
-  ], vhosts)}<h2>Permissions</h2>${table("Permissions", [
+  const tagsOf = (u) => [].concat(u.tags || []).join(", ");
+  render(view, `<h2>Users</h2>${table("Users", [
+    { label: "Name", key: "name" }, { label: "Tags", html: (u) => esc(tagsOf(u)) },
+    { label: "Password login", html: (u) => u.password_hash ? "yes" : "disabled" },
+    { label: "", html: (u) => `<button type="button" data-edit-user="${esc(u.name)}" aria-label="Edit user ${esc(u.name)}">Edit</button>
+      <button type="button" class="danger" data-delete-user="${esc(u.name)}">Delete user</button>` },
+  ], users, { id: "users" })}
+    <h3>Add or update a user</h3>
+    <form class="inline" id="user-form">
+      <label>User name <input id="user-name" name="name" autocomplete="off" required></label>
+      <label>New password <input id="user-password" name="password" type="password" autocomplete="new-password" aria-describedby="user-password-hint"></label>
+      <label>Tags (comma-separated) <input id="user-tags" name="tags" list="known-tags" autocomplete="off"></label>
+      <datalist id="known-tags"><option value="administrator"><option value="monitoring"><option value="policymaker"><option value="management"></datalist>
+      <button type="submit">Save user</button><span class="error" role="alert"></span>
+      <small id="user-password-hint" class="hint">Leave the password empty to keep an existing user's (a new user without one cannot log in with a password).</small></form>
+    <h2>Virtual hosts</h2>${table("Virtual hosts", [
+    { label: "Name", key: "name" }, { label: "Description", key: "description" },
+    { label: "Default queue type", html: (v) => esc(v.default_queue_type || "") },
+    { label: "", html: (v) => `<button type="button" class="danger" data-delete-vhost="${esc(v.name)}">Delete virtual host</button>` },
+  ], vhosts, { id: "vhosts" })}
+    <h3>Add a virtual host</h3>
+    <form class="inline" id="vhost-form">
+      <label>Virtual host name <input id="vhost-name" name="name" autocomplete="off" required></label>
+      <label>Description <input id="vhost-description" name="description" autocomplete="off"></label>
+      <label>Default queue type <select id="vhost-dqt" name="default_queue_type"><option value="">(server default)</option><option>quorum</option><option>classic</option></select></label>
+      <button type="submit">Add virtual host</button><span class="error" role="alert"></span></form>
+    <h2>Permissions</h2>${table("Permissions", [
     { label: "User", key: "user" }, { label: "Virtual host", key: "vhost" }, { label: "Configure", key: "configure" },
     { label: "Write", key: "write" }, { label: "Read", key: "read" },
-  ], perms)}`;
+    { label: "", html: (p) => `<button type="button" data-edit-perm data-user="${esc(p.user)}" data-vhost="${esc(p.vhost)}" aria-label="Edit permissions of ${esc(p.user)} on ${esc(p.vhost)}">Edit</button>
+      <button type="button" class="danger" data-clear-perm data-user="${esc(p.user)}" data-vhost="${esc(p.vhost)}">Clear permissions</button>` },
+  ], perms, { id: "permissions", empty: "No permissions." })}
+    <h3>Set permissions</h3>
+    <form class="inline" id="permission-form">
+      <label>User <input id="perm-user" name="user" list="user-names" autocomplete="off" required></label>
+      <datalist id="user-names">${users.map((u) => `<option value="${esc(u.name)}">`).join("")}</datalist>
+      <label>Virtual host <input id="perm-vhost" name="vhost" list="vhost-names" autocomplete="off" required></label>
+      <datalist id="vhost-names">${vhosts.map((v) => `<option value="${esc(v.name)}">`).join("")}</datalist>
+      <label>Configure regex <input id="perm-configure" name="configure" value=".*" autocomplete="off"></label>
+      <label>Write regex <input id="perm-write" name="write" value=".*" autocomplete="off"></label>
+      <label>Read regex <input id="perm-read" name="read" value=".*" autocomplete="off"></label>
+      <button type="submit">Set permissions</button><span class="error" role="alert"></span></form>`);
+  onSubmit(view, "#user-form", async (fd) => {
+    const name = fd.get("name"), body = { tags: fd.get("tags") };
+    if (fd.get("password")) body.password = fd.get("password");
+    await api("PUT", `/api/users/${enc(name)}`, body);
+    notice(`User '${name}' saved.`);
+    await admin(view);
+  });
+  onSubmit(view, "#vhost-form", async (fd) => {
+    const name = fd.get("name"), body = { description: fd.get("description") };
+    if (fd.get("default_queue_type")) body.default_queue_type = fd.get("default_queue_type");
+    await api("PUT", `/api/vhosts/${enc(name)}`, body);
+    notice(`Virtual host '${name}' saved.`);
+    await admin(view);
+  });
+  onSubmit(view, "#permission-form", async (fd) => {
+    await api("PUT", `/api/permissions/${enc(fd.get("vhost"))}/${enc(fd.get("user"))}`, {
+      configure: fd.get("configure"), write: fd.get("write"), read: fd.get("read") });
+    notice(`Permissions of '${fd.get("user")}' on '${fd.get("vhost")}' set.`);
+    await admin(view);
+  });
+  const act = (sel, fn) => { for (const b of view.querySelectorAll(sel)) b.addEventListener("click", () => fn(b)); };
+  const danger = async (question, call, done) => {
+    if (!confirm(question)) return;
+    try { await call(); notice(done); await admin(view); } catch (e) { notice(e.message); }
+  };
+  act("button[data-edit-user]", (b) => {
+    const u = users.find((x) => x.name === b.dataset.editUser);
+    $("#user-name").value = u.name; $("#user-tags").value = tagsOf(u); $("#user-password").value = "";
+    $("#user-tags").focus();
+  });
+  act("button[data-delete-user]", (b) => danger(`Delete user '${b.dataset.deleteUser}' and its permissions?`,
+    () => api("DELETE", `/api/users/${enc(b.dataset.deleteUser)}`), `User '${b.dataset.deleteUser}' deleted.`));
+  act("button[data-delete-vhost]", (b) => danger(`Delete virtual host '${b.dataset.deleteVhost}' and everything in it (queues, exchanges, messages)?`,
+    () => api("DELETE", `/api/vhosts/${enc(b.dataset.deleteVhost)}`), `Virtual host '${b.dataset.deleteVhost}' deleted.`));
+  act("button[data-edit-perm]", (b) => {
+    const p = perms.find((x) => x.user === b.dataset.user && x.vhost === b.dataset.vhost);
+    $("#perm-user").value = p.user; $("#perm-vhost").value = p.vhost;
+    $("#perm-configure").value = p.configure; $("#perm-write").value = p.write; $("#perm-read").value = p.read;
+    $("#perm-configure").focus();
+  });
+  act("button[data-clear-perm]", (b) => danger(`Clear the permissions of '${b.dataset.user}' on '${b.dataset.vhost}'?`,
+    () => api("DELETE", `/api/permissions/${enc(b.dataset.vhost)}/${enc(b.dataset.user)}`),
+    `Permissions of '${b.dataset.user}' on '${b.dataset.vhost}' cleared.`));
 }
 
 // ---------------------------------------------------------------- start
