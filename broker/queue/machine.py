@@ -29,7 +29,7 @@ Between `hi` and `lo` every third pick takes `lo` unless `hi`'s head is older
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
@@ -84,6 +84,7 @@ from .effects import (
     SetTimer,
 )
 from .errors import QueueCommandError, QueueInvariantError
+from .fifo import RecordFifo
 from .types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta, MsgId
 
 SIZE_BITS = 32
@@ -173,8 +174,9 @@ class QueueState:
 
     def __init__(self, config: QueueConfig, created_ms: int | None = None) -> None:
         self.config = config
-        self.lo: deque[int] = deque()
-        self.hi: deque[int] = deque()
+        # ready records packed in machine words (fifo.py): 8 bytes a message
+        self.lo = RecordFifo()
+        self.hi = RecordFifo()
         self.returns: deque[int] = deque()
         self.prio_counter = 0
         self.extra: dict[int, tuple[int, int]] = {}
@@ -470,7 +472,7 @@ def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
         # `lo` stays in index order: the message goes back where it was
         lo = st.lo
         if lo and rec_index(lo[-1]) > idx:
-            lo.insert(bisect_left(lo, idx, key=rec_index), rec)
+            lo.insort(rec, rec_index)
         else:
             lo.append(rec)
     else:

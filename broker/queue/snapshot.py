@@ -18,6 +18,7 @@ import msgpack
 from .commands import CreditMode
 from .config import QueueConfig
 from .errors import SnapshotError
+from .fifo import RecordFifo
 from .machine import Consumer, QueueState
 from .types import ChannelRef, ConsumerId
 
@@ -104,8 +105,8 @@ def from_plain(d: dict[str, Any]) -> QueueState:
     if d.get("v") != SNAPSHOT_VERSION:
         raise SnapshotError(f"unsupported queue snapshot version {d.get('v')!r}")
     st = QueueState(QueueConfig.from_dict(d["config"]), d["last_active"])
-    st.lo = deque(_dec(r) for r in d["lo"])
-    st.hi = deque(_dec(r) for r in d["hi"])
+    st.lo = RecordFifo(_dec(r) for r in d["lo"])
+    st.hi = RecordFifo(_dec(r) for r in d["hi"])
     st.returns = deque(_dec(r) for r in d["returns"])
     st.prio_counter = d["prio_counter"]
     st.extra = {k: (a, b) for k, a, b in d["extra"]}
