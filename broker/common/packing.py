@@ -5,8 +5,9 @@
 `node.tune_malloc`) that is an mmap and a munmap for every message packed,
 about 8 us each on the publish path (bench/profile.py). A Packer kept per
 thread reuses its buffer (`autoreset`: every `pack` starts empty and returns
-its own bytes). Not for snapshots: the buffer keeps the size of the largest
-object it packed.
+its own bytes). A Packer that packed 1 MiB or more is dropped, so no thread
+keeps a snapshot-sized buffer; a `default` hook that packs again gets a
+fresh Packer.
 """
 from __future__ import annotations
 
@@ -17,16 +18,29 @@ from typing import Any
 import msgpack
 
 _local = threading.local()
+# A Packer whose output passed this size is dropped: its buffer (as big as
+# the biggest object it packed, a snapshot with bodies say) is not kept.
+KEEP_BELOW = 1 << 20
 
 
 def packb(obj: Any, default: Callable[[Any], Any] | None = None) -> bytes:
     """Like `msgpack.packb(obj, use_bin_type=True, default=default)`."""
+    local = _local
+    if getattr(local, "busy", False):  # re-entered from a `default` hook: not the shared buffer
+        out: bytes = msgpack.packb(obj, use_bin_type=True, default=default)
+        return out
     try:
-        packers: dict[Any, msgpack.Packer] = _local.packers
+        packers: dict[Any, msgpack.Packer] = local.packers
     except AttributeError:
-        packers = _local.packers = {}
+        packers = local.packers = {}
     p = packers.get(default)
     if p is None:
         p = packers[default] = msgpack.Packer(use_bin_type=True, default=default)
-    out: bytes = p.pack(obj)
+    local.busy = True
+    try:
+        out = p.pack(obj)
+    finally:
+        local.busy = False
+    if len(out) >= KEEP_BELOW:
+        del packers[default]
     return out

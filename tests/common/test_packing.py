@@ -36,6 +36,21 @@ def test_big_then_small_and_a_failure_in_between() -> None:
     assert packb([3]) == b"\x91\x03"  # nothing of the failed pack is left in the buffer
 
 
+def test_a_hook_that_packs_again_and_big_buffers_are_not_kept() -> None:
+    from broker.common import packing
+
+    def hook(obj: Any) -> Any:
+        if isinstance(obj, set):
+            return [packb(sorted(obj), hook)]  # re-enters packb on this thread
+        raise TypeError(obj)
+
+    value = ["a", {2, 1}, b"z"]
+    assert packb(value, hook) == msgpack.packb(value, use_bin_type=True, default=hook)
+    packb([b"x" * (2 << 20)])
+    assert None not in packing._local.packers  # the Packer that grew to 2 MiB was dropped
+    assert packb([1]) == b"\x91\x01"
+
+
 def test_default_hook_and_threads() -> None:
     def hook(obj: Any) -> Any:
         if isinstance(obj, set):
