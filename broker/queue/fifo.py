@@ -48,15 +48,24 @@ class _Chunk:
         if rec >> 128 and self.w2 is None:
             self.w2 = array("Q", bytes(8 * n))
 
+    def _check(self, rec: int) -> None:
+        if rec < 0 or rec >= _LIMIT:
+            raise ValueError(f"record out of range: {rec}")
+        if rec >> 64 and (self.w1 is None or (rec >> 128 and self.w2 is None)):
+            self._widen(rec)
+
+    def set(self, pos: int, rec: int) -> None:
+        """Overwrite physical position `pos` (a popped slot) with `rec`."""
+        self._check(rec)
+        self.w0[pos] = rec & _U64
+        if self.w1 is not None:
+            self.w1[pos] = (rec >> 64) & _U64
+            if self.w2 is not None:
+                self.w2[pos] = rec >> 128
+
     def put(self, pos: int, rec: int) -> None:
         """Insert `rec` before physical position `pos` (len(w0): append)."""
-        if rec >> 64:
-            if rec >= _LIMIT or rec < 0:
-                raise ValueError(f"record out of range: {rec}")
-            if self.w1 is None or (rec >> 128 and self.w2 is None):
-                self._widen(rec)
-        elif rec < 0:
-            raise ValueError(f"record out of range: {rec}")
+        self._check(rec)
         if pos == len(self.w0):
             self.w0.append(rec & _U64)
             if self.w1 is not None:
@@ -175,7 +184,11 @@ class RecordFifo:
                     lo = mid + 1
                 else:
                     hi = mid
-            c.put(lo, rec)
+            if lo == c.head and lo > 0:
+                c.set(lo - 1, rec)  # back into the slot the last popleft freed
+                c.head = lo - 1
+            else:
+                c.put(lo, rec)
             self._len += 1
             return
         self.append(rec)

@@ -102,3 +102,22 @@ def test_eight_bytes_per_record_without_expiry() -> None:
     tracemalloc.stop()
     assert used / n < 9.0, used / n
     assert f[0] == 1 << SIZE_BITS | 1024 and f[-1] == n << SIZE_BITS | 1024
+
+
+def test_requeue_at_the_head_reuses_the_popped_slot() -> None:
+    """Take the head and put it back, over and over (a consumer nacking the
+    head of an index-ordered queue): no slot is left behind per cycle."""
+    f = RecordFifo(i << SIZE_BITS | 5 for i in range(1, 11))
+    for _ in range(10_000):
+        rec = f.popleft()
+        f.insort(rec, rec_index)
+    assert list(f) == [i << SIZE_BITS | 5 for i in range(1, 11)]
+    assert sum(len(c.w0) for c in f._chunks) == 10
+    wide = (7 + 1) << EXP_SHIFT | 1 << SIZE_BITS | 5  # a wider record into a narrow slot
+    f.popleft()
+    f.insort(wide, rec_index)
+    assert f[0] == wide and len(f) == 10
+    with pytest.raises(ValueError):
+        f.popleft()
+        f.insort(-1, lambda r: 0)
+    assert len(f) == 9 and f[0] == 2 << SIZE_BITS | 5
