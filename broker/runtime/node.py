@@ -1288,9 +1288,14 @@ def tune_gc() -> None:
     """Young collections every 50,000 allocations instead of 700: a message
     allocates dozens of objects, so the default ran one every few messages,
     each walking the young generation (bench/report.py: +15-25% throughput,
-    lower p99, 3 nodes, 1 KiB). Everything allocated during start-up is then
-    frozen out of the older generations' walks (`_serve`)."""
-    gc.set_threshold(50_000, 20, 100)
+    lower p99, 3 nodes, 1 KiB); older generations at the default ratios, so
+    cyclic garbage (closed connections) still goes within seconds under load.
+    What exists before the node starts (modules, configuration) is frozen
+    out of the walks; nothing of the node is: a recovered queue deleted later
+    must be collectable."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 10, 10)
 
 
 async def _serve(config: Config) -> int:
@@ -1310,7 +1315,6 @@ async def _serve(config: Config) -> int:
         print(f"qq-broker {node.node_name}: cannot start: {exc}", file=sys.stderr, flush=True)
         await node.stop()
         return 1
-    gc.freeze()  # start-up's objects (modules, config, recovered state) are never garbage
     print(f"qq-broker {node.node_name}: ready on port {node.port}", flush=True)
     await stop.wait()
     await node.stop()
