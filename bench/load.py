@@ -17,6 +17,7 @@ import os
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,10 @@ def _publisher(host: str, port: int, queues: list[str], size: int, window: int,
     pad = b"x" * max(0, size - 8)
     fm = c.frame_max
     sent = confirmed = nacked = 0
-    last_acked = 0
+    # Confirms may come out of order (one queue's single ack before another's
+    # `multiple` ack covering lower tags): count each tag once.
+    pending: deque[int] = deque()  # unconfirmed tags, in publish order
+    single: set[int] = set()  # tags confirmed one by one, still in `pending`
     t0 = time.monotonic()
     end = t0 + duration if count == 0 else float("inf")
     i = 0
@@ -80,6 +84,7 @@ def _publisher(host: str, port: int, queues: list[str], size: int, window: int,
                 frames.append(RawClient.publish_frames(
                     rks[i % len(rks)], _TS.pack(time.monotonic_ns()) + pad, frame_max=fm))
                 i += 1
+                pending.append(i)
             c.sock.sendall(b"".join(frames))
             sent += burst
             if sent - confirmed - nacked < window and more():
@@ -90,8 +95,19 @@ def _publisher(host: str, port: int, queues: list[str], size: int, window: int,
             cls, meth = struct.unpack_from(">HH", p)
             if cls == 60 and meth in (80, 120):  # basic.ack / basic.nack
                 tag, bits = struct.unpack_from(">QB", p, 4)
-                n = tag - last_acked if bits & 1 else 1
-                last_acked = max(last_acked, tag)
+                n = 0
+                if bits & 1:
+                    while pending and pending[0] <= tag:
+                        t = pending.popleft()
+                        if t in single:
+                            single.discard(t)
+                        else:
+                            n += 1
+                elif tag not in single and pending and pending[0] <= tag:
+                    single.add(tag)
+                    n = 1
+                while pending and pending[0] in single:
+                    single.discard(pending.popleft())
                 if meth == 80:
                     confirmed += n
                 else:

@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import statistics
 import struct
 import subprocess
@@ -402,6 +403,8 @@ def write_doc(data: dict[str, Any], path: Path, notes: Path) -> None:
 
 
 def main() -> int:
+    # SIGTERM unwinds like Ctrl-C, so the brokers this script started are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
