@@ -143,19 +143,24 @@ async function route(refresh = false) {
 // takes the fields' values at the moment it redraws the page, after its API
 // calls, so nothing typed while they were under way is lost
 let refreshing = false;
+// a form was just submitted (its id): the page redrawn after the call keeps
+// what is typed in every other form, and starts the submitted one afresh
+let submitted = null;
 function render(view, html) {
-  const state = refreshing ? captureForm(view) : null;
+  const state = refreshing ? captureForm(view, null) : submitted !== null ? captureForm(view, submitted) : null;
   view.innerHTML = html;
   if (state) restoreForm(view, state);
 }
 
-function captureForm(root) {
+function captureForm(root, skipForm) {
   const out = {};
-  for (const el of root.querySelectorAll("input, select, textarea")) if (el.id) out[el.id] = el.type === "checkbox" ? el.checked : el.value;
+  for (const el of root.querySelectorAll("input, select, textarea")) {
+    if (el.id && !(skipForm && el.form && el.form.id === skipForm)) out[el.id] = el.type === "checkbox" ? el.checked : el.value;
+  }
   out.__focus = document.activeElement && document.activeElement.id;
   // and the API's last message under each form, until the next submit
   out.__errors = {};
-  for (const f of root.querySelectorAll("form[id]")) { const e = f.querySelector(".error"); if (e && e.textContent) out.__errors[f.id] = e.textContent; }
+  for (const f of root.querySelectorAll("form[id]")) { const e = f.querySelector(".error"); if (e && e.textContent && f.id !== skipForm) out.__errors[f.id] = e.textContent; }
   return out;
 }
 function restoreForm(root, state) {
@@ -184,11 +189,12 @@ function onSubmit(root, sel, fn) {
     const form = ev.target;
     const out = form.querySelector(".error");
     if (out) out.textContent = "";
+    submitted = form.id || "";
     try { await fn(new FormData(form), form); } catch (e) {
       // a refresh may have redrawn the form while the call was under way
       const now = (form.id && root.querySelector(`form#${CSS.escape(form.id)} .error`)) || out;
       if (now) now.textContent = e.message; else notice(e.message);
-    }
+    } finally { submitted = null; }
   });
 }
 
@@ -576,26 +582,26 @@ async function admin(view) {
     const name = fd.get("name"), body = { tags: fd.get("tags") };
     if (fd.get("password")) body.password = fd.get("password");
     await api("PUT", `/api/users/${enc(name)}`, body);
+    await admin(view);  // redrawn first: when the notice shows, the page is the new one
     notice(`User '${name}' saved.`);
-    await admin(view);
   });
   onSubmit(view, "#vhost-form", async (fd) => {
     const name = fd.get("name"), body = { description: fd.get("description") };
     if (fd.get("default_queue_type")) body.default_queue_type = fd.get("default_queue_type");
     await api("PUT", `/api/vhosts/${enc(name)}`, body);
-    notice(`Virtual host '${name}' saved.`);
     await admin(view);
+    notice(`Virtual host '${name}' saved.`);
   });
   onSubmit(view, "#permission-form", async (fd) => {
     await api("PUT", `/api/permissions/${enc(fd.get("vhost"))}/${enc(fd.get("user"))}`, {
       configure: fd.get("configure"), write: fd.get("write"), read: fd.get("read") });
-    notice(`Permissions of '${fd.get("user")}' on '${fd.get("vhost")}' set.`);
     await admin(view);
+    notice(`Permissions of '${fd.get("user")}' on '${fd.get("vhost")}' set.`);
   });
   const act = (sel, fn) => { for (const b of view.querySelectorAll(sel)) b.addEventListener("click", () => fn(b)); };
   const danger = async (question, call, done) => {
     if (!confirm(question)) return;
-    try { await call(); notice(done); await admin(view); } catch (e) { notice(e.message); }
+    try { await call(); await admin(view); notice(done); } catch (e) { notice(e.message); }
   };
   act("button[data-edit-user]", (b) => {
     const u = users.find((x) => x.name === b.dataset.editUser);
