@@ -1,6 +1,6 @@
 """A minimal raw-frame AMQP 0-9-1 client for benchmarks.
 
-The publisher and consumer of `bench/throughput.py` must not be the bottleneck,
+The publishers and consumers of `bench/load.py` must not be the bottleneck,
 so the hot frames (basic.publish + header + body out, basic.deliver + header +
 body in, basic.ack both ways) are packed and parsed by hand with `struct`;
 pamqp is used only for the handshake and the few setup methods.

@@ -43,13 +43,12 @@ def usage(seg_dir: str) -> tuple[int, int, int]:
 
 
 def broker_run(n: int, size: int) -> None:
-    import queue as queue_mod
     import threading
     from pathlib import Path
 
     import pika
 
-    from bench.throughput import consumer, publisher
+    from bench.load import consume, publish
     from tests.e2e.broker_proc import BrokerProcess
 
     qname = "pinned"
@@ -73,11 +72,8 @@ def broker_run(n: int, size: int) -> None:
             conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", b.port))
             ch = conn.channel()
             ch.queue_declare(qname, durable=True, arguments={"x-queue-type": "quorum"})
-            ready = threading.Event()
-            ready.set()
-            out: queue_mod.Queue[object] = queue_mod.Queue()
             t0 = time.monotonic()
-            publisher("127.0.0.1", b.port, qname, n, size, 500, ready, out)  # type: ignore[arg-type]
+            publish("127.0.0.1", b.port, [qname], size, 500, count=n)
             t1 = time.monotonic()
             held = conn.channel()
             method, _p, body = held.basic_get(qname, auto_ack=False)
@@ -93,7 +89,7 @@ def broker_run(n: int, size: int) -> None:
                         peak = u
             th = threading.Thread(target=sample, daemon=True)
             th.start()
-            consumer("127.0.0.1", b.port, qname, n - 1, 1000, 100, threading.Event(), out)  # type: ignore[arg-type]
+            consume("127.0.0.1", b.port, [qname], 1000, 100, count=n - 1)
             t2 = time.monotonic()
             stop.set()
             th.join()

@@ -51,11 +51,15 @@ class Workload:
         return max(1, min(100, self.prefetch // 10))
 
 
-def _publisher(host: str, port: int, queues: list[str], size: int, window: int,
-               duration: float, count: int, go: Any, out: Any) -> None:
+def publish(host: str, port: int, queues: list[str], size: int, window: int, *,
+            duration: float = 0.0, count: int = 0, go: Any = None) -> tuple[int, int, float, float]:
+    """Publish to `queues` in turn, `count` messages or for `duration` seconds,
+    with at most `window` unconfirmed; wait for every confirm. Returns
+    (confirmed, nacked, start, end) in time.monotonic() seconds."""
     c = RawClient(host, port)
     c.confirm_select()
-    go.wait()
+    if go is not None:
+        go.wait()
     rks = [q.encode() for q in queues]
     pad = b"x" * max(0, size - 8)
     fm = c.frame_max
@@ -114,18 +118,26 @@ def _publisher(host: str, port: int, queues: list[str], size: int, window: int,
                     nacked += n
             elif cls in (10, 20) and meth == 40:
                 raise SystemExit(f"publisher: closed by server: {p!r}")
-    out.put(("pub", confirmed, nacked, t0, time.monotonic()))
+    end_t = time.monotonic()
     c.close()
+    return confirmed, nacked, t0, end_t
 
 
-def _consumer(host: str, port: int, queues: list[str], prefetch: int, ack_every: int,
-              ready: Any, target: Any, total: Any, out: Any) -> None:
+def consume(host: str, port: int, queues: list[str], prefetch: int, ack_every: int, *,
+            count: int | None = None, target: Any = None, total: Any = None,
+            ready: Any = None) -> tuple[int, int, int, list[int]]:
+    """Consume from `queues`, acking with `multiple` every `ack_every`: until
+    `count` messages, or, shared between consumer processes, until `total`
+    (an mp.Value this adds to) reaches `target` (an mp.Value, -1 until the
+    publishers know it) or nothing came for 30 s after that. Returns (got,
+    first and last delivery in monotonic ns, publish->deliver latencies)."""
     c = RawClient(host, port)
     c.qos(prefetch)
     for j, q in enumerate(queues):
         c.consume(q, tag=f"c{j}")
     c.sock.settimeout(0.25)
-    ready.set()
+    if ready is not None:
+        ready.set()
     got = unacked = 0
     tag = 0
     lat: list[int] = []
@@ -134,8 +146,10 @@ def _consumer(host: str, port: int, queues: list[str], prefetch: int, ack_every:
     first = last = 0
     idle_since = time.monotonic()
     while True:
-        t = target.value
-        if t >= 0 and (total.value >= t or time.monotonic() - idle_since > 30):
+        if count is not None:
+            if got >= count:
+                break
+        elif target.value >= 0 and (total.value >= target.value or time.monotonic() - idle_since > 30):
             break
         try:
             frames = c.read_frames()
@@ -172,13 +186,22 @@ def _consumer(host: str, port: int, queues: list[str], prefetch: int, ack_every:
                         unacked = 0
         if got != n0:
             idle_since = time.monotonic()
-            with total.get_lock():
-                total.value += got - n0
+            if total is not None:
+                with total.get_lock():
+                    total.value += got - n0
     if unacked:
         c.sock.sendall(RawClient.ack_frame(tag, True))
     c.sock.settimeout(None)
-    out.put(("con", got, first, last, lat))
     c.close()
+    return got, first, last, lat
+
+
+def _publisher(out: Any, *args: Any, **kw: Any) -> None:
+    out.put(("pub", *publish(*args, **kw)))
+
+
+def _consumer(out: Any, *args: Any, **kw: Any) -> None:
+    out.put(("con", *consume(*args, **kw)))
 
 
 class RssSampler:
@@ -241,9 +264,10 @@ def run(wl: Workload, host: str, ports: list[int], pids: list[int],
     res: dict[str, float] = {}
     with RssSampler(pids) as rss:
         pubs = [ctx.Process(target=_publisher, args=(
-            host, port, queues[i::wl.pairs] or queues, wl.size, wl.window, wl.duration,
-            (wl.backlog // wl.pairs + (1 if i < wl.backlog % wl.pairs else 0)) if wl.backlog else 0,
-            go, out)) for i in range(wl.pairs)]
+            out, host, port, queues[i::wl.pairs] or queues, wl.size, wl.window), kwargs=dict(
+            duration=wl.duration, go=go,
+            count=(wl.backlog // wl.pairs + (1 if i < wl.backlog % wl.pairs else 0)) if wl.backlog else 0,
+        )) for i in range(wl.pairs)]
         for p in pubs:
             p.start()
         pub_results = []
@@ -296,8 +320,8 @@ def _start_consumers(ctx: Any, wl: Workload, host: str, port: int, queues: list[
     for i in range(wl.pairs):
         ready = ctx.Event()
         mine = queues[i::wl.pairs] or queues
-        p = ctx.Process(target=_consumer, args=(
-            host, port, mine, wl.prefetch, wl.ack_every, ready, target, total, out))
+        p = ctx.Process(target=_consumer, args=(out, host, port, mine, wl.prefetch, wl.ack_every),
+                        kwargs=dict(target=target, total=total, ready=ready))
         p.start()
         procs.append(p)
         readies.append(ready)

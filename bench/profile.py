@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import load  # noqa: E402
 from bench.load import Workload  # noqa: E402
+from bench.report import ours  # noqa: E402
 
 # (pattern on "file:function", step); first match wins.
 STEPS: list[tuple[str, str]] = [
@@ -115,37 +116,27 @@ def main() -> int:
     ap.add_argument("--native", action="store_true", help="C frames too (pauses each node per sample)")
     ap.add_argument("--keep", type=Path, help="copy the raw py-spy stacks into this directory")
     args = ap.parse_args()
-    from tests.cluster.conftest import Cluster
-
     wl = Workload("profile", args.size, args.queues, args.pairs, duration=args.seconds)
-    with tempfile.TemporaryDirectory(prefix="qq-profile-") as d:
-        c = Cluster(Path(d), size=args.nodes)
-        for n in c.nodes:
-            n.env["QQ_LOG_LEVEL"] = "WARNING"
-        c.start()
-        try:
-            ports = [n.port for n in c.nodes]
-            pids = [n.proc.pid for n in c.nodes if n.proc]
-            result: dict[str, float] = {}
-            t = threading.Thread(target=lambda: result.update(load.run(wl, "127.0.0.1", ports, pids)))
-            t.start()
-            time.sleep(2.0)  # past connection set-up and the first burst
-            window = args.seconds - 4.0
-            outs = [Path(d) / f"n{i + 1}.raw" for i in range(len(pids))]
-            procs = [record(pid, window, args.rate, o, args.lines, args.native) for pid, o in zip(pids, outs, strict=True)]
-            for p in procs:
-                _, err = p.communicate()
-                if p.returncode != 0:
-                    print(f"py-spy failed: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
-                    return 1
-            t.join()
-            raws = [o.read_text() for o in outs]
-            if args.keep:
-                args.keep.mkdir(parents=True, exist_ok=True)
-                for o, raw in zip(outs, raws, strict=True):
-                    (args.keep / o.name).write_text(raw)
-        finally:
-            c.stop()
+    with tempfile.TemporaryDirectory(prefix="qq-profile-") as d, ours(args.nodes, Path(d)) as (ports, pids, _c):
+        result: dict[str, float] = {}
+        t = threading.Thread(target=lambda: result.update(load.run(wl, "127.0.0.1", ports, pids)))
+        t.start()
+        time.sleep(2.0)  # past connection set-up and the first burst
+        window = args.seconds - 4.0
+        outs = [Path(d) / f"n{i + 1}.raw" for i in range(len(pids))]
+        procs = [record(pid, window, args.rate, o, args.lines, args.native)
+                 for pid, o in zip(pids, outs, strict=True)]
+        for p in procs:
+            _, err = p.communicate()
+            if p.returncode != 0:
+                print(f"py-spy failed: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+                return 1
+        t.join()
+        raws = [o.read_text() for o in outs]
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for o, raw in zip(outs, raws, strict=True):
+                (args.keep / o.name).write_text(raw)
     msgs = result["rate"] * window
     print(f"{args.nodes} node(s), {args.size} B, {args.queues} queue(s), {args.pairs} pair(s): "
           f"{result['rate']:,.0f} msg/s end to end, p99 {result['p99']:.0f} ms; profiled "

@@ -71,6 +71,8 @@ def describe(wl: Workload) -> str:
 
 @contextlib.contextmanager
 def ours(nodes: int, base: Path) -> Iterator[tuple[list[int], list[int], Any]]:
+    """A cluster of `nodes` of ours (tests/cluster's, warnings only): yields
+    AMQP ports, OS pids and the Cluster; stopped on the way out."""
     from tests.cluster.conftest import Cluster
 
     c = Cluster(base, size=nodes)
@@ -164,13 +166,7 @@ def recovery_after_kill(cluster: Any, backlog: int) -> dict[str, float]:
 def failover_once(base: Path) -> float:
     """kill -9 of the queue leader's node while a publisher on another node
     publishes one message at a time with confirms: seconds to the next confirm."""
-    from tests.cluster.conftest import Cluster
-
-    c = Cluster(base)
-    for n in c.nodes:
-        n.env["QQ_LOG_LEVEL"] = "WARNING"
-    c.start()
-    try:
+    with ours(3, base) as (_ports, _pids, c):
         setup = RawClient("127.0.0.1", c.nodes[0].port)
         setup.declare_quorum_queue("failover")  # leader: node 1 (client-local)
         setup.close()
@@ -189,9 +185,7 @@ def failover_once(base: Path) -> float:
                         acked = True
             if killed:
                 return time.monotonic() - killed
-        raise RuntimeError("unreachable")
-    finally:
-        c.kill_all()
+    raise RuntimeError("no confirm came back after the kill")
 
 
 def machine() -> dict[str, str]:
