@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import os
 import sys
@@ -424,50 +425,48 @@ def _limits_json(text: str) -> dict[str, Any]:
     return limits
 
 
-def cmd_set_vhost_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
+# kind -> (the API's collection, the argument naming the owner, the row field, limit names)
+_LIMIT_KINDS = {
+    "vhost": ("vhost-limits", "vhost", "vhost", VHOST_LIMITS),
+    "user": ("user-limits", "username", "user", USER_LIMITS),
+}
+
+
+def _set_limits(kind: str, c: Client, o: Output, a: argparse.Namespace) -> int:
+    path, arg, _field, _names = _LIMIT_KINDS[kind]
+    owner = getattr(a, arg)
     limits = _limits_json(a.definition)
     for name, value in limits.items():
-        c.call("PUT", f"/api/vhost-limits/{q(a.vhost)}/{q(name)}", {"value": value})
-    o.message(f"set limits of vhost '{a.vhost}': {json.dumps(limits)}")
+        c.call("PUT", f"/api/{path}/{q(owner)}/{q(name)}", {"value": value})
+    o.message(f"set limits of {kind} '{owner}': {json.dumps(limits)}")
     return EXIT_OK
 
 
-def cmd_clear_vhost_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
-    for name in VHOST_LIMITS if a.limit == "all" else (a.limit,):
-        c.call("DELETE", f"/api/vhost-limits/{q(a.vhost)}/{q(name)}")
-    o.message(f"cleared {a.limit} limits of vhost '{a.vhost}'" if a.limit == "all"
-              else f"cleared limit {a.limit} of vhost '{a.vhost}'")
+def _clear_limits(kind: str, c: Client, o: Output, a: argparse.Namespace) -> int:
+    path, arg, _field, names = _LIMIT_KINDS[kind]
+    owner = getattr(a, arg)
+    for name in names if a.limit == "all" else (a.limit,):
+        c.call("DELETE", f"/api/{path}/{q(owner)}/{q(name)}")
+    o.message(f"cleared {a.limit} limits of {kind} '{owner}'" if a.limit == "all"
+              else f"cleared limit {a.limit} of {kind} '{owner}'")
     return EXIT_OK
 
 
-def cmd_list_vhost_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
-    path = "/api/vhost-limits" + (f"/{q(a.vhost)}" if a.vhost else "")
-    o.rows([{"vhost": r["vhost"], "limits": json.dumps(r["value"], sort_keys=True)}
-            for r in c.call("GET", path)], ("vhost", "limits"))
+def _list_limits(kind: str, c: Client, o: Output, a: argparse.Namespace) -> int:
+    path, arg, field, _names = _LIMIT_KINDS[kind]
+    owner = getattr(a, arg)
+    rows = c.call("GET", f"/api/{path}" + (f"/{q(owner)}" if owner else ""))
+    o.rows([{field: r[field], "limits": json.dumps(r["value"], sort_keys=True)} for r in rows],
+           (field, "limits"))
     return EXIT_OK
 
 
-def cmd_set_user_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
-    limits = _limits_json(a.definition)
-    for name, value in limits.items():
-        c.call("PUT", f"/api/user-limits/{q(a.username)}/{q(name)}", {"value": value})
-    o.message(f"set limits of user '{a.username}': {json.dumps(limits)}")
-    return EXIT_OK
-
-
-def cmd_clear_user_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
-    for name in USER_LIMITS if a.limit == "all" else (a.limit,):
-        c.call("DELETE", f"/api/user-limits/{q(a.username)}/{q(name)}")
-    o.message(f"cleared {a.limit} limits of user '{a.username}'" if a.limit == "all"
-              else f"cleared limit {a.limit} of user '{a.username}'")
-    return EXIT_OK
-
-
-def cmd_list_user_limits(c: Client, o: Output, a: argparse.Namespace) -> int:
-    path = "/api/user-limits" + (f"/{q(a.username)}" if a.username else "")
-    o.rows([{"user": r["user"], "limits": json.dumps(r["value"], sort_keys=True)}
-            for r in c.call("GET", path)], ("user", "limits"))
-    return EXIT_OK
+cmd_set_vhost_limits = functools.partial(_set_limits, "vhost")
+cmd_clear_vhost_limits = functools.partial(_clear_limits, "vhost")
+cmd_list_vhost_limits = functools.partial(_list_limits, "vhost")
+cmd_set_user_limits = functools.partial(_set_limits, "user")
+cmd_clear_user_limits = functools.partial(_clear_limits, "user")
+cmd_list_user_limits = functools.partial(_list_limits, "user")
 
 
 def _critical_path(node: str | None) -> str:
