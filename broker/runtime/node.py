@@ -89,12 +89,12 @@ class Node:
         self._classic_logs: dict[str, DurableClassicQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._auto_delete_pending: set[tuple[str, str]] = set()
-        # Reliable queue commands not yet applied (or the queue gone), per
-        # queue, and who waits for none to be left (commands_settled).
         #: this node's storage figures (storage.manifest.node_usage), refreshed
         #: every STORAGE_USAGE_INTERVAL_S by the alarm loop
         self.storage_usage: dict[str, int] = {}
         self._borrowed_refs: set[str] = set()  # see borrow_channel
+        # Reliable queue commands not yet applied (or the queue gone), per
+        # queue, and who waits for none to be left (commands_settled).
         self._reliable_open: dict[QueueUid, int] = {}
         self._reliable_waiters: dict[QueueUid, list[asyncio.Future[None]]] = {}
         self.port = 0

@@ -60,18 +60,11 @@ from typing import Any
 
 import msgpack
 
-from broker.common.packing import packb
+from broker.common.packing import array_header, packb
 
 log = logging.getLogger("broker.transport")
 
 _LEN = struct.Struct(">I")
-
-
-def _array_header(n: int) -> bytes:
-    """msgpack's array header for `n` items (fixarray, array 16, array 32)."""
-    if n < 16:
-        return bytes((0x90 | n,))
-    return b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 512 * 1024 * 1024
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
@@ -368,7 +361,7 @@ class PeerTransport:
             size += len(packed)
         if not parts:
             return None
-        body = _array_header(len(parts)) + b"".join(parts)
+        body = array_header(len(parts)) + b"".join(parts)
         self.stats.messages_sent += len(parts)
         return _LEN.pack(len(body)) + body
 

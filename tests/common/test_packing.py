@@ -9,7 +9,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.common.packing import packb
+from broker.common.packing import array_header, packb
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
@@ -72,3 +72,9 @@ def test_default_hook_and_threads() -> None:
     for t in ts:
         t.join()
     assert results == []
+
+
+def test_array_header_then_items_is_the_array() -> None:
+    for n in (0, 1, 15, 16, 65535, 65536):
+        items = list(range(n))
+        assert array_header(n) + b"".join(packb(i) for i in items) == msgpack.packb(items)
