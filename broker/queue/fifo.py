@@ -54,30 +54,22 @@ class _Chunk:
         if rec >> 64 and (self.w1 is None or (rec >> 128 and self.w2 is None)):
             self._widen(rec)
 
+    def _words(self) -> tuple[tuple[int, array[int] | None], ...]:
+        return (0, self.w0), (64, self.w1), (128, self.w2)
+
     def set(self, pos: int, rec: int) -> None:
         """Overwrite physical position `pos` (a popped slot) with `rec`."""
         self._check(rec)
-        self.w0[pos] = rec & _U64
-        if self.w1 is not None:
-            self.w1[pos] = (rec >> 64) & _U64
-            if self.w2 is not None:
-                self.w2[pos] = rec >> 128
+        for shift, w in self._words():
+            if w is not None:
+                w[pos] = (rec >> shift) & _U64
 
     def put(self, pos: int, rec: int) -> None:
         """Insert `rec` before physical position `pos` (len(w0): append)."""
         self._check(rec)
-        if pos == len(self.w0):
-            self.w0.append(rec & _U64)
-            if self.w1 is not None:
-                self.w1.append((rec >> 64) & _U64)
-                if self.w2 is not None:
-                    self.w2.append(rec >> 128)
-        else:
-            self.w0.insert(pos, rec & _U64)
-            if self.w1 is not None:
-                self.w1.insert(pos, (rec >> 64) & _U64)
-                if self.w2 is not None:
-                    self.w2.insert(pos, rec >> 128)
+        for shift, w in self._words():
+            if w is not None:
+                w.insert(pos, (rec >> shift) & _U64)
 
 
 class RecordFifo:
@@ -136,7 +128,12 @@ class RecordFifo:
         rec: int = c.w0[h] if c.w1 is None else c.get(h)
         c.head = h = h + 1
         if h == len(c.w0):
-            chunks.popleft()
+            if len(chunks) == 1:  # emptied: the next append reuses it (a queue kept drained)
+                del c.w0[:]
+                c.w1 = c.w2 = None
+                c.head = 0
+            else:
+                chunks.popleft()
         self._len -= 1
         return rec
 
