@@ -48,6 +48,9 @@ STEPS: list[tuple[str, str]] = [
     (r"broker/storage/", "WAL, segments, snapshots"),
     (r"broker/queue/", "queue machine apply"),
     (r"broker/runtime/queues\.py", "queue effects (runtime)"),
+    # main() runs the event loop: a sample whose deepest frame of ours is main
+    # is uvloop's own work (socket reads and writes, callbacks' bookkeeping)
+    (r"broker/(runtime/node\.py:main|__main__\.py)", "event loop and socket I/O (uvloop)"),
     (r"broker/runtime/node\.py", "node (timers, routing of callbacks)"),
     (r"broker/", "other broker code"),
 ]
