@@ -107,6 +107,11 @@ class Liveness:
         since = self.down_since.get(peer)
         return since is not None and self._clock() - since > self.grace_s
 
+    def is_local(self, channel: str) -> bool:
+        """Was the AMQP channel `node|incarnation/conn/ch` opened on this node
+        (in this life or an earlier one)?"""
+        return channel.split("/", 1)[0].split("|", 1)[0] == self.node_name
+
     def channel_gone(self, channel: str) -> bool:
         """Is the AMQP channel `node|incarnation/conn/ch` gone for good?"""
         prefix = channel.split("/", 1)[0]

@@ -190,6 +190,16 @@ class Node:
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
             self._start_queue(record)
+        # Channels of this node's previous life still holding messages (or a
+        # publisher entry) in its queues closed while it was down: close them
+        # as a channel closing now is closed (reliably, counted by
+        # commands_settled), so the first declare-ok after a restart counts
+        # the messages they held, as RabbitMQ's does.
+        for q in list(self.queues.values()):
+            if isinstance(q, QuorumQueue):
+                for ch in q.gone_channels():
+                    if self.liveness.is_local(ch):
+                        self.queue_command_reliable(q.uid, qm.ChannelDown(ch))
         self._drop_orphan_classic_logs()
         await self._delete_stale_temporaries()
         if fresh and self.config["load_definitions"] and self.meta.group.is_leader:

@@ -650,6 +650,11 @@ class QuorumQueue(QueueProcess):
             self._set_timer(0)
         self.host.leader_elected(self.vhost, self.name, self.group.node.term)
 
+    def gone_channels(self) -> list[str]:
+        """Channels of consumers or tracked publishers that are gone for good."""
+        channels = {cid.channel for cid in self.state.consumers} | set(self.state.publishers)
+        return sorted(ch for ch in channels if self.host.channel_gone(ch))
+
     def reap_dead_channels(self) -> None:
         """Channels gone for good (their node restarted, or closed here) stop
         being consumers and publishers; channels only suspected gone (their
@@ -658,7 +663,7 @@ class QuorumQueue(QueueProcess):
         may still re-send publishes."""
         host = self.host
         consumers = {cid.channel for cid in self.state.consumers}
-        gone = {ch for ch in consumers | set(self.state.publishers) if host.channel_gone(ch)}
+        gone = set(self.gone_channels())
         suspect = {ch for ch in consumers - gone if host.channel_dead(ch)}
         for ch, keep in [*((c, False) for c in sorted(gone)), *((c, True) for c in sorted(suspect))]:
             try:
