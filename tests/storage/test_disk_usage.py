@@ -3,7 +3,6 @@ storage figures) against the files really on disk, while a LogManager writes."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 from broker.storage.manifest import group_usage, node_usage
@@ -32,23 +31,19 @@ def test_disk_usage_counts_the_files_on_disk(tmp_path: Path) -> None:
         for k, g in enumerate(groups):
             g.append(entries(g.group_id, 1, 41 + 10 * k, 1))
             assert durable.wait_index(g.group_id, 40 + 10 * k)
+        # a third group fills more than one whole (tiny, 4 KiB) WAL after them,
+        # so every entry of g0 and g1 is in a WAL file before the current one,
+        # which wait_flushed waits to see written into segments
+        filler = m.open_group("filler")
+        filler.append(entries("filler", 1, 301, 1))
+        assert durable.wait_index("filler", 300)
         m.sync()
-        # the segment writer flushes in the background (the tiny WAL rolled
-        # over many times): compare once the files on disk stop changing
-        deadline = time.monotonic() + 10
-        while True:
-            before = _sum(tmp_path / "groups", ".segment"), _sum(tmp_path / "wal", ".wal")
-            usage = node_usage(str(tmp_path))
-            per_group = [group_usage(g.path) for g in groups]
-            seg_files, seg_bytes = _sum(tmp_path / "groups", ".segment")
-            wal = _sum(tmp_path / "wal", ".wal")
-            # (every group's entries reach segments: the segment writer
-            # flushes the groups one after the other)
-            if (before == ((seg_files, seg_bytes), wal)
-                    and all(u["segment_files"] > 0 for u in per_group)
-                    and sum(u["segment_files"] for u in per_group) == seg_files) \
-                    or time.monotonic() > deadline:
-                break
+        assert m.wait_flushed(10)
+        groups.append(filler)
+        usage = node_usage(str(tmp_path))
+        per_group = [group_usage(g.path) for g in groups]
+        seg_files, seg_bytes = _sum(tmp_path / "groups", ".segment")
+        wal = _sum(tmp_path / "wal", ".wal")
         assert seg_files > 0  # the tiny configuration flushed segments
         assert (usage["segment_files"], usage["segment_bytes"]) == (seg_files, seg_bytes)
         assert usage["wal_bytes"] == wal[1] > 0
