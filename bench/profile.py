@@ -38,8 +38,8 @@ from bench.report import ours  # noqa: E402
 STEPS: list[tuple[str, str]] = [
     (r"broker/amqp/codec\.py:(encode|_encode|marshal|deliver|frame_)", "AMQP encode (deliveries, acks)"),
     (r"broker/amqp/", "AMQP decode and connection state"),
-    (r"broker/runtime/amqp_server\.py:.*(write|deliver|_flush|send)", "delivery and socket writes"),
-    (r"broker/runtime/amqp_server\.py", "AMQP channel handlers"),
+    (r"broker/runtime/(amqp_server|channel)\.py:.*(write|deliver|_flush|send)", "delivery and socket writes"),
+    (r"broker/runtime/(amqp_server|channel|confirms|msg_stats)\.py", "AMQP channel handlers"),
     (r"broker/metadata/routing", "routing"),
     (r"broker/runtime/(publish|cluster_local|cluster)\.py", "forwarding and confirms"),
     (r"broker/runtime/(transport|peer_wire|raft_wire|wire)\.py", "replication encode/decode and peer I/O"),

@@ -1077,7 +1077,7 @@ class Node:
         return self._loop.call_later(delay, fn)
 
     async def queue_command(self, q: QueueProcess, cmd: qm.Command) -> Any:
-        from .amqp_server import ChannelError
+        from .channel import ChannelError
 
         # A command proposed here and then overwritten by a new leader was never
         # applied: propose it again (to the new leader) until it is, for a while.

@@ -31,7 +31,7 @@ from .dead_letter import DlxWorker
 from .raft_group import RaftGroup, encode_membership
 
 if TYPE_CHECKING:
-    from .amqp_server import Consumer
+    from .channel import Consumer
 
 log = logging.getLogger("broker.queues")
 

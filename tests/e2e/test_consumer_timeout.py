@@ -35,7 +35,7 @@ from broker.common.config import ConfigError, load_config
 from broker.metadata.policies import validate_definition
 from broker.queue.config import consumer_timeout_ms, parse_queue_arguments
 from broker.queue.errors import QueueArgumentError
-from broker.runtime.amqp_server import ack_timeout_text, first_timed_out
+from broker.runtime.confirms import ack_timeout_text, first_timed_out
 
 from .broker_proc import BrokerProcess, free_port, rabbitmq_port_pair
 
