@@ -1,0 +1,447 @@
+"""Publisher confirms, delivery tags and nack grouping (runtime/confirms.py) as
+transcripts, tables and properties; then the channel's use of them with a fake
+connection (exact frames, reply codes and texts).
+
+Confirm transcripts, one line per step:
+
+    > publish queues=N      the channel's next sequence number (1, 2, ...) goes to N queues
+    > ok SEQ                one target queue accepted SEQ
+    > refuse SEQ            one target queue refused SEQ (SEQ will be nacked)
+    ! flush                 the connection flushes: settled_confirms(outstanding)
+    < ack SEQ [multiple]    the next frame sent
+    < nack SEQ
+    < nothing               no (more) frames from this flush
+    = unconfirmed N         publishes still waiting for a queue
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker import queue as qm
+from broker.queue.types import ChannelRef, ConsumerId
+from broker.runtime.channel import Channel, ChannelError
+from broker.runtime.confirms import (
+    ACK,
+    NACK,
+    Confirm,
+    group_by_consumer,
+    settled_confirms,
+    take_acked,
+    unconfirmed,
+    unknown_tag_text,
+)
+from broker.runtime.msg_stats import NodeStats
+
+# ---------------------------------------------------------------- confirm transcripts
+CONFIRM_TRANSCRIPTS = {
+    "one publish, one queue": """
+        > publish queues=1
+        ! flush
+        < nothing
+        > ok 1
+        ! flush
+        < ack 1 multiple
+        ! flush
+        < nothing
+    """,
+    "acks fold into one multiple ack, up to the first unsettled": """
+        > publish queues=1
+        > publish queues=1
+        > publish queues=1
+        > ok 3
+        > ok 1
+        = unconfirmed 1
+        ! flush
+        < ack 1 multiple
+        > ok 2
+        ! flush
+        < ack 3 multiple
+        = unconfirmed 0
+    """,
+    "nothing goes out while the oldest publish waits": """
+        > publish queues=1
+        > publish queues=1
+        > ok 2
+        ! flush
+        < nothing
+        > ok 1
+        ! flush
+        < ack 2 multiple
+    """,
+    "a nack flushes the acks before it and goes alone": """
+        > publish queues=1
+        > publish queues=1
+        > publish queues=1
+        > publish queues=1
+        > ok 1
+        > refuse 2
+        > ok 3
+        > ok 4
+        ! flush
+        < ack 1
+        < nack 2
+        < ack 4 multiple
+    """,
+    "a run of acks before a nack is one multiple ack": """
+        > publish queues=1
+        > publish queues=1
+        > publish queues=1
+        > ok 1
+        > ok 2
+        > refuse 3
+        ! flush
+        < ack 2 multiple
+        < nack 3
+    """,
+    "nacks are never folded": """
+        > publish queues=1
+        > publish queues=1
+        > refuse 1
+        > refuse 2
+        ! flush
+        < nack 1
+        < nack 2
+    """,
+    "a nack first, then acks": """
+        > publish queues=1
+        > publish queues=1
+        > refuse 1
+        > ok 2
+        ! flush
+        < nack 1
+        < ack 2 multiple
+    """,
+    "two queues: confirmed once both reported, nacked if either refused": """
+        > publish queues=2
+        > publish queues=2
+        > ok 1
+        > ok 2
+        ! flush
+        < nothing
+        = unconfirmed 2
+        > refuse 1
+        ! flush
+        < nack 1
+        > ok 2
+        ! flush
+        < ack 2 multiple
+    """,
+    "an unroutable publish is acked at once, in its turn": """
+        > publish queues=1
+        > publish queues=0
+        ! flush
+        < nothing
+        > ok 1
+        ! flush
+        < ack 2 multiple
+    """,
+}
+
+
+def _run_confirm_transcript(text: str) -> None:
+    out: deque[Confirm] = deque()
+    by_seq: dict[int, Confirm] = {}
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        words = line.split()
+        i += 1
+        if words[:2] == [">", "publish"]:
+            seq = len(by_seq) + 1
+            c = by_seq[seq] = Confirm(seq, int(words[2].removeprefix("queues=")))
+            out.append(c)
+        elif words[0] == ">" and words[1] in ("ok", "refuse"):
+            c = by_seq[int(words[2])]
+            assert c.remaining > 0, line
+            if words[1] == "refuse":
+                c.nack = True
+            c.remaining -= 1
+        elif words == ["!", "flush"]:
+            before = list(out)
+            frames, acked = settled_confirms(out)
+            popped = before[:len(before) - len(out)]
+            assert acked == sum(1 for c in popped if not c.nack)
+            expected: list[tuple[str, int, bool]] = []
+            while i < len(lines) and lines[i].startswith("<"):
+                exp = lines[i].split()
+                i += 1
+                if exp[1:] != ["nothing"]:
+                    expected.append((exp[1], int(exp[2]), exp[3:] == ["multiple"]))
+            assert frames == expected, f"after step {i} of {text}"
+        elif words[:2] == ["=", "unconfirmed"]:
+            assert unconfirmed(out) == int(words[2]), line
+        else:
+            raise AssertionError(f"bad transcript line {line!r}")
+
+
+@pytest.mark.parametrize("name", list(CONFIRM_TRANSCRIPTS))
+def test_confirm_transcript(name: str) -> None:
+    _run_confirm_transcript(CONFIRM_TRANSCRIPTS[name])
+
+
+def test_frame_kinds_are_the_constants() -> None:
+    out = deque([Confirm(1, 0), Confirm(2, 0)])
+    out[1].nack = True
+    frames, _ = settled_confirms(out)
+    assert [f[0] for f in frames] == [ACK, NACK]
+    assert frames[0][0] is ACK and frames[1][0] is NACK  # the channel compares with `is`
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.data())
+def test_every_publish_is_confirmed_once_in_order_and_multiple_acks_cover_only_accepted(
+        data: st.DataObject) -> None:
+    """A client's view (pika, aio-pika): an ack with `multiple` confirms every
+    seq it still has unconfirmed up to the tag. Whatever order the queues
+    report in and wherever the flushes fall: every seq is confirmed exactly
+    once, with its true outcome, in sequence order, and an ack never covers a
+    refused or still unsettled publish."""
+    targets = data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=25), label="targets")
+    total = sum(targets)
+    oks = data.draw(st.lists(st.booleans(), min_size=total, max_size=total), label="outcomes")
+    outcomes: dict[int, list[bool]] = {}
+    for seq, n in enumerate(targets, 1):
+        outcomes[seq], oks = oks[:n], oks[n:]
+    # (0 publish, 1 a queue reports, 2 flush; which waiting publish reports)
+    steps = data.draw(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 99)), max_size=150),
+                      label="steps")
+    out: deque[Confirm] = deque()
+    by_seq: dict[int, Confirm] = {}
+    reported: dict[int, int] = {}
+    client_unconfirmed: set[int] = set()
+    confirmed: dict[int, str] = {}
+
+    def flush() -> None:
+        frames, acked = settled_confirms(out)
+        acks = 0
+        last = 0
+        for kind, tag, multiple in frames:
+            assert tag > last, frames  # in order, never the same seq twice
+            last = tag
+            assert tag in client_unconfirmed, (tag, frames)
+            if kind == NACK:
+                assert not multiple
+                covered = {tag}
+            else:
+                covered = {s for s in client_unconfirmed if s <= tag} if multiple else {tag}
+            for s in covered:
+                c = by_seq[s]
+                assert c.remaining == 0, (s, frames)  # never confirmed before every queue reported
+                assert c.nack == (kind == NACK), (s, kind, frames)
+                assert s not in confirmed
+                confirmed[s] = kind
+            acks += len(covered) if kind == ACK else 0
+            client_unconfirmed.difference_update(covered)
+        assert acked == acks
+        # confirms go out in sequence order: what is confirmed is a prefix
+        assert sorted(confirmed) == list(range(1, len(confirmed) + 1))
+
+    published = 0
+
+    def step(choice: int, pick: int) -> None:
+        nonlocal published
+        waiting = [s for s in reported if reported[s] < targets[s - 1]]
+        if choice == 0 and published < len(targets):
+            published += 1
+            out.append(Confirm(published, targets[published - 1]))
+            by_seq[published] = out[-1]
+            reported[published] = 0
+            client_unconfirmed.add(published)
+        elif choice == 1 and waiting:
+            s = waiting[pick % len(waiting)]
+            c = by_seq[s]
+            if not outcomes[s][reported[s]]:
+                c.nack = True
+            reported[s] += 1
+            c.remaining -= 1
+        else:
+            flush()
+
+    for choice, pick in steps:
+        step(choice, pick)
+    # then whatever is left: the remaining publishes, the newest reports first
+    while published < len(targets):
+        step(0, 0)
+    while any(reported[s] < targets[s - 1] for s in reported):
+        step(1, -1)
+    flush()
+    assert not out and not client_unconfirmed
+    assert confirmed == {s: NACK if not all(ok) else ACK for s, ok in outcomes.items()}
+
+
+# ---------------------------------------------------------------- delivery tags
+UNKNOWN = "unknown"
+
+
+@pytest.mark.parametrize(("tags", "tag", "multiple", "taken", "left"), [
+    # one tag
+    ([1, 2, 3], 2, False, [2], [1, 3]),
+    ([1, 2, 3], 4, False, UNKNOWN, [1, 2, 3]),
+    ([1, 2, 3], 0, False, UNKNOWN, [1, 2, 3]),
+    ([], 1, False, UNKNOWN, []),
+    # multiple: every tag up to it
+    ([1, 2, 3], 2, True, [1, 2], [3]),
+    ([1, 2, 3], 3, True, [1, 2, 3], []),
+    ([1, 2, 3], 9, True, [1, 2, 3], []),          # above the newest: everything
+    ([2, 3, 5], 4, True, [2, 3], [5]),            # not outstanding, but tags below it are
+    ([3, 4], 2, True, UNKNOWN, [3, 4]),           # below the oldest
+    ([], 1, True, UNKNOWN, []),
+    # multiple with tag 0: everything, even nothing
+    ([1, 2, 3], 0, True, [1, 2, 3], []),
+    ([], 0, True, [], []),
+])
+def test_take_acked(tags: list[int], tag: int, multiple: bool, taken: Any, left: list[int]) -> None:
+    unacked = OrderedDict((t, f"d{t}") for t in tags)
+    got = take_acked(unacked, tag, multiple)
+    if taken == UNKNOWN:
+        assert got is None
+    else:
+        assert got == [f"d{t}" for t in taken]
+    assert list(unacked) == left
+
+
+def test_a_tag_acked_twice_is_unknown_the_second_time() -> None:
+    unacked = OrderedDict([(1, "a"), (2, "b")])
+    assert take_acked(unacked, 1, False) == ["a"]
+    assert take_acked(unacked, 1, False) is None
+    assert take_acked(unacked, 1, True) is None  # below the oldest now
+    assert unknown_tag_text(1) == "unknown delivery tag 1"
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.integers(1, 40), unique=True).map(sorted), st.integers(0, 45), st.booleans())
+def test_take_acked_matches_the_rule(tags: list[int], tag: int, multiple: bool) -> None:
+    """multiple: the tags up to `tag` (0: all), unknown if there are none
+    (and tag != 0); single: that tag, unknown if it is not outstanding."""
+    unacked = OrderedDict((t, t) for t in tags)
+    got = take_acked(unacked, tag, multiple)
+    if multiple:
+        want = list(tags) if tag == 0 else [t for t in tags if t <= tag]
+        if tag != 0 and not want:
+            assert got is None and list(unacked) == tags
+            return
+    else:
+        want = [tag] if tag in tags else []
+        if not want:
+            assert got is None and list(unacked) == tags
+            return
+    assert got == want
+    assert list(unacked) == [t for t in tags if t not in want]
+
+
+# ---------------------------------------------------------------- nack grouping
+def test_group_by_consumer_keeps_first_seen_order_and_delivery_order() -> None:
+    qa, qb = SimpleNamespace(uid=("/", "a", 1)), SimpleNamespace(uid=("/", "b", 1))
+    qa2 = SimpleNamespace(uid=("/", "a", 2))  # 'a' deleted and declared again: another queue
+    c1 = ConsumerId(ChannelRef("n/c1/1.1"), "t1")
+    c2 = ConsumerId(ChannelRef("n/c1/1.1"), "t2")
+    entries = [(qa, c1, 10, 0.0, 0), (qb, c1, 11, 0.0, 0), (qa, c2, 12, 0.0, 0),
+               (qa, c1, 13, 0.0, 0), (qa2, c1, 14, 0.0, 0), (qb, c1, 9, 0.0, 0)]
+    groups = group_by_consumer(entries)
+    assert list(groups.items()) == [
+        ((("/", "a", 1), c1), [10, 13]),
+        ((("/", "b", 1), c1), [11, 9]),
+        ((("/", "a", 1), c2), [12]),
+        ((("/", "a", 2), c1), [14]),
+    ]
+    assert group_by_consumer([]) == {}
+
+
+# ---------------------------------------------------------------- the channel's use of them
+class _Host:
+    """The least of a ChannelHost (runtime/channel.py) these paths touch."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Any, Any]] = []
+        self.node = SimpleNamespace(
+            incarnation="n1",
+            queue_command_reliable=lambda uid, cmd, done=None: self.commands.append((uid, cmd)))
+        self.id = "c1"
+        self.channel_opens = 0
+        self.nstats = NodeStats(self.node)  # type: ignore[arg-type]
+        self.amqp = SimpleNamespace(send_ack=lambda ch, tag, multiple: ("ack", ch, tag, multiple),
+                                    send_nack=lambda ch, tag, multiple: ("nack", ch, tag, multiple))
+        self.written: list[Any] = []
+        self.confirms_dirty: set[Any] = set()
+        self.settles_dirty: set[Any] = set()
+
+    def write(self, data: Any) -> None:
+        self.written.append(data)
+
+
+def _channel() -> tuple[Channel, _Host]:
+    host = _Host()
+    return Channel(host, 3), host  # type: ignore[arg-type]
+
+
+def test_channel_flush_confirms_writes_the_frames_and_counts_the_acks() -> None:
+    ch, host = _channel()
+    for seq, nack in ((1, False), (2, True), (3, False), (4, False)):
+        c = Confirm(seq, 0)
+        c.nack = nack
+        ch.outstanding.append(c)
+    ch.outstanding.append(Confirm(5, 1))
+    ch.flush_confirms()
+    assert host.written == [("ack", 3, 1, False), ("nack", 3, 2, False), ("ack", 3, 4, True)]
+    assert (ch.stats.confirm, ch.totals.confirm) == (3, 3)
+    assert [c.seq for c in ch.outstanding] == [5]
+
+
+def _deliveries(ch: Channel) -> tuple[ConsumerId, ConsumerId]:
+    qa, qb = SimpleNamespace(uid=("/", "a", 1)), SimpleNamespace(uid=("/", "b", 1))
+    c1, c2 = ConsumerId(ch.ref, "t1"), ConsumerId(ch.ref, "t2")
+    for tag, (q, cid, msg_id) in enumerate([(qa, c1, 10), (qb, c2, 20), (qa, c1, 11), (qa, c1, 12)], 1):
+        ch.unacked[tag] = (q, cid, msg_id, 0.0, 0)  # type: ignore[assignment]
+    ch.next_tag = 5
+    return c1, c2
+
+
+@pytest.mark.parametrize(("call", "text", "method_id"), [
+    (lambda ch: ch.ack(9, False), "unknown delivery tag 9", 80),
+    (lambda ch: ch.ack(2, True), "unknown delivery tag 2", 80),   # below the oldest (tag 3)
+    (lambda ch: ch.nack(9, False, True), "unknown delivery tag 9", 120),
+    (lambda ch: ch.nack(0, False, False), "unknown delivery tag 0", 120),
+])
+def test_channel_unknown_delivery_tag_is_406(call: Any, text: str, method_id: int) -> None:
+    """Code, text and the method's class/method ids (basic.ack 60/80,
+    basic.nack 60/120) of the channel close; nothing is settled."""
+    ch, host = _channel()
+    _deliveries(ch)
+    ch.ack(2, True)
+    with pytest.raises(ChannelError) as info:
+        call(ch)
+    err = info.value
+    assert (err.code, err.text, err.class_id, err.method_id) == (406, text, 60, method_id)
+    assert list(ch.unacked) == [3, 4]
+    ch.flush_settles()
+    assert [type(cmd) for _, cmd in host.commands] == [qm.Settle, qm.Settle]  # the first ack's only
+
+
+def test_channel_ack_multiple_settles_per_queue_and_consumer() -> None:
+    ch, host = _channel()
+    c1, c2 = _deliveries(ch)
+    ch.ack(3, True)
+    assert list(ch.unacked) == [4]
+    assert (ch.stats.ack, ch.totals.ack) == (3, 3)
+    assert ch.nstats.queue(("/", "a", 1)).ack == 2 and ch.nstats.queue(("/", "b", 1)).ack == 1
+    ch.flush_settles()
+    assert host.commands == [(("/", "a", 1), qm.Settle(c1, (10, 11))),
+                             (("/", "b", 1), qm.Settle(c2, (20,)))]
+
+
+@pytest.mark.parametrize(("requeue", "cmd"), [(True, qm.Return), (False, qm.Discard)])
+def test_channel_nack_multiple_is_one_command_per_queue_and_consumer(requeue: bool, cmd: Any) -> None:
+    ch, host = _channel()
+    c1, c2 = _deliveries(ch)
+    ch.nack(0, True, requeue)
+    assert not ch.unacked and ch.stats.ack == 0
+    assert host.commands == [(("/", "a", 1), cmd(c1, (10, 11, 12))),
+                             (("/", "b", 1), cmd(c2, (20,)))]
