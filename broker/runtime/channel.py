@@ -231,7 +231,8 @@ class Channel:
                 if self.tx:
                     self.tx_acks.append(event)
                 else:
-                    self.nack(event.delivery_tag, getattr(event, "multiple", False), event.requeue)
+                    self.nack(event.delivery_tag, getattr(event, "multiple", False), event.requeue,
+                              _REJECT if t is ev.Reject else None)
             elif t is ev.MethodReceived:
                 self.method(event.method)
         except ChannelError as err:
@@ -622,7 +623,8 @@ class Channel:
             if type(a) is ev.Ack:
                 self.ack(a.delivery_tag, a.multiple)
             else:
-                self.nack(a.delivery_tag, getattr(a, "multiple", False), a.requeue)
+                self.nack(a.delivery_tag, getattr(a, "multiple", False), a.requeue,
+                          _REJECT if type(a) is ev.Reject else None)
 
         async def run() -> None:
             if futures:
@@ -824,10 +826,12 @@ class Channel:
             nstats.queue(q.uid).ack += 1
             self._settle_later(q, cid, msg_id)
 
-    def nack(self, tag: int, multiple: bool, requeue: bool) -> None:
+    def nack(self, tag: int, multiple: bool, requeue: bool, method: Any = None) -> None:
+        """basic.nack, or basic.reject (`method` _REJECT: a refusal names the
+        method the client sent, as RabbitMQ's does)."""
         taken = take_acked(self.unacked, tag, multiple)
         if taken is None:
-            raise ChannelError(406, unknown_tag_text(tag), _NACK)
+            raise ChannelError(406, unknown_tag_text(tag), method or _NACK)
         for (uid, cid), ids in group_by_consumer(taken).items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
             self.node.queue_command_reliable(
@@ -954,6 +958,7 @@ _PUBLISH = C.Basic.Publish()
 _EXCHANGE_TYPES = frozenset({"direct", "fanout", "topic", "headers"})
 _ACK = C.Basic.Ack()
 _NACK = C.Basic.Nack()
+_REJECT = C.Basic.Reject()
 
 _METHODS: dict[type, Callable[[Channel, Any], None]] = {
     C.Exchange.Declare: Channel.exchange_declare,

@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pamqp import commands as C
 
 from broker import queue as qm
+from broker.amqp import events as ev
 from broker.queue.types import ChannelRef, ConsumerId
 from broker.runtime.channel import Channel, ChannelError
 from broker.runtime.confirms import (
@@ -370,11 +372,15 @@ class _Host:
         self.amqp = SimpleNamespace(send_ack=lambda ch, tag, multiple: ("ack", ch, tag, multiple),
                                     send_nack=lambda ch, tag, multiple: ("nack", ch, tag, multiple))
         self.written: list[Any] = []
+        self.failed: list[tuple[Any, ChannelError]] = []
         self.confirms_dirty: set[Any] = set()
         self.settles_dirty: set[Any] = set()
 
     def write(self, data: Any) -> None:
         self.written.append(data)
+
+    def channel_failed(self, ch: Any, err: ChannelError) -> None:
+        self.failed.append((ch, err))
 
 
 def _channel() -> tuple[Channel, _Host]:
@@ -445,3 +451,20 @@ def test_channel_nack_multiple_is_one_command_per_queue_and_consumer(requeue: bo
     assert not ch.unacked and ch.stats.ack == 0
     assert host.commands == [(("/", "a", 1), cmd(c1, (10, 11, 12))),
                              (("/", "b", 1), cmd(c2, (20,)))]
+
+
+def test_channel_reject_of_an_unknown_tag_names_basic_reject() -> None:
+    """RabbitMQ's channel close names the method that failed (rabbit_channel:
+    `Reason#amqp_error{method = MethodName}`): basic.reject is 60/90. The
+    channel used to answer a reject with basic.nack's ids (60/120)."""
+    ch, _host = _channel()
+    _deliveries(ch)
+    for event in (ev.Reject(1, 7, True), ev.Nack(1, 7, False, True)):
+        ch._handle(event)
+    failed = [(err.code, err.text, err.class_id, err.method_id) for _, err in _host.failed]
+    assert failed == [(406, "unknown delivery tag 7", 60, 90), (406, "unknown delivery tag 7", 60, 120)]
+    ch.tx = True
+    ch._handle(ev.Reject(1, 8, False))  # checked at tx.commit
+    with pytest.raises(ChannelError) as info:
+        ch.tx_commit(C.Tx.Commit())
+    assert (info.value.text, info.value.class_id, info.value.method_id) == ("unknown delivery tag 8", 60, 90)
