@@ -2,9 +2,10 @@
 
 Where it sits: the I/O shell's HTTP side, started by `Node.start()` when
 `management.tcp.port` / `prometheus.tcp.port` are non-zero. It reads the
-node's live state and writes through the node's own operations; it never
-imports `broker.runtime` (the node is handed in). `broker.cli` (qqctl) is its
-client.
+node's live state and writes through the node's own operations, all through
+one typed port (`port.ManagementPort`, implemented by
+`broker.runtime.mgmt_port.NodePort`); it never imports `broker.runtime`.
+`broker.cli` (qqctl) is its client.
 """
 from .api import ApiError, make_app
 from .metrics import GroupSampler, NodeCollector, make_registry, metrics_app

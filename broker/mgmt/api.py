@@ -1,12 +1,13 @@
 """The management HTTP API (aiohttp), on RabbitMQ's paths and JSON shapes where they exist.
 
-Where it sits: the outermost I/O shell next to the AMQP listener. `make_app(node)`
-builds the aiohttp application over a running node (duck-typed: this package
-never imports `broker.runtime`); `Node.start()` serves it on
-`management.tcp.port`. Reads come from the node's local metadata replica and
-queue processes (`views`); writes go through the same paths as AMQP
-(`node.declarations`, `node.meta_execute`) and the
-membership operations through `node.membership`.
+Where it sits: the outermost I/O shell next to the AMQP listener. `make_app(port)`
+builds the aiohttp application over a node's management port
+(`port.ManagementPort`: this package never imports `broker.runtime`);
+`Node.start()` serves it on `management.tcp.port`. Reads come from the
+node's local metadata replica and queue processes through the port's views
+(`views`); writes go through the same paths as AMQP (the port's
+`declare_queue`, `meta_execute`) and the membership operations through
+the port's membership part.
 
 Errors: every refusal is a JSON body ``{"error": ..., "reason": ...}`` with a
 4xx status (RabbitMQ's shape): 400 malformed or impossible requests, 401 bad
@@ -24,6 +25,7 @@ operator policies and membership operations need administrator.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -32,7 +34,7 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -43,11 +45,22 @@ from broker.storage.manifest import node_manifest
 
 from . import views as v
 from .openapi import openapi_document
+from .port import (
+    LiveAccounting,
+    ManagementPort,
+    MembershipRefused,
+    NodeResources,
+    PeerUnreachable,
+    Progress,
+    QueueCommandFailed,
+    QueueCounts,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 MGMT_TAGS = frozenset({"administrator", "monitoring", "policymaker", "management"})
-NODE_KEY = web.AppKey("node", Any)
+PORT_KEY = web.AppKey("port", ManagementPort)
 log = logging.getLogger("broker.mgmt.api")
 
 
@@ -84,8 +97,8 @@ def md_error(err: md.MetadataError) -> ApiError:
 class Ctx:
     """The authenticated user of one request."""
 
-    def __init__(self, node: Any, user: md.UserRecord | None) -> None:
-        self.node = node
+    def __init__(self, port: ManagementPort, user: md.UserRecord | None) -> None:
+        self.port = port
         self.user = user
         self.tags = frozenset(user.tags) if user else frozenset({"administrator"})
 
@@ -103,14 +116,14 @@ class Ctx:
     def can_see(self, vhost: str) -> bool:
         if self.sees_all():
             return True
-        return (md.UserName(self.name), md.VhostName(vhost)) in self.node.meta.state.permissions
+        return (md.UserName(self.name), md.VhostName(vhost)) in self.port.metadata().permissions
 
     def need_admin(self) -> None:
         if not self.admin:
             raise ApiError(403, f"user '{self.name}' is not an administrator")
 
     def need_vhost(self, vhost: str) -> None:
-        if md.VhostName(vhost) not in self.node.meta.state.vhosts:
+        if md.VhostName(vhost) not in self.port.metadata().vhosts:
             raise ApiError(404, f"no vhost '{vhost}'")
         if not self.can_see(vhost):
             raise ApiError(403, f"access to vhost '{vhost}' refused for user '{self.name}'")
@@ -121,7 +134,7 @@ class Ctx:
             return
         if "monitoring" in self.tags and not (self.tags & {"management", "policymaker"}):
             raise ApiError(403, f"user '{self.name}' is a monitoring user")
-        err = md.check(self.node.meta.state, self.name, vhost, "configure", md.Resource.queue(queue))
+        err = md.check(self.port.metadata(), self.name, vhost, "configure", md.Resource.queue(queue))
         if err is not None:
             raise ApiError(403, err.text)
 
@@ -184,30 +197,16 @@ def check_regex(value: str, what: str) -> str:
     return value
 
 
-def membership(node: Any) -> Any:
-    m = getattr(node, "membership", None)
-    if m is None:
-        raise ApiError(501, "membership operations are not available on this node")
-    return m
-
-
-async def call_membership(coro: Awaitable[Any]) -> Any:
-    """Await a membership operation; its refusals (MembershipError(status, reason),
-    duck-typed) become ApiErrors."""
+async def call_membership(aw: Awaitable[T]) -> T:
+    """Await a membership operation; its refusals (MembershipRefused) become ApiErrors."""
     try:
-        return await coro
-    except ApiError:
-        raise
-    except Exception as exc:
-        status = getattr(exc, "status", None)
-        reason = getattr(exc, "reason", None)
-        if isinstance(status, int) and isinstance(reason, str):
-            raise ApiError(status if 400 <= status < 600 else 400, reason) from None
-        raise
+        return await aw
+    except MembershipRefused as exc:
+        raise ApiError(exc.code if 400 <= exc.code < 600 else 400, exc.text) from None
 
 
-def known_node(node: Any, name: str) -> str:
-    if name not in v.cluster_nodes(node):
+def known_node(port: ManagementPort, name: str) -> str:
+    if name not in port.cluster_nodes():
         raise ApiError(404, f"no node '{name}' in the cluster")
     return name
 
@@ -215,13 +214,13 @@ def known_node(node: Any, name: str) -> str:
 # ---------------------------------------------------------------- middleware
 @web.middleware
 async def errors_and_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    node: Any = request.app[NODE_KEY]
+    port = request.app[PORT_KEY]
     try:
         match = request.match_info
         if match.http_exception is not None:  # unknown path or method: no auth needed to say so
             raise match.http_exception
         if not getattr(match.route.handler, "public", False):
-            request["ctx"] = authenticate(request, node)
+            request["ctx"] = authenticate(request, port)
         check_query(request, match.route.handler)
         return await handler(request)
     except ApiError as exc:
@@ -259,14 +258,14 @@ QUERY_PARAMS: dict[str, frozenset[str]] = {
 }
 
 
-def check_query(request: web.Request, handler: Any) -> None:
+def check_query(request: web.Request, handler: object) -> None:
     allowed = QUERY_PARAMS.get(getattr(handler, "__name__", ""), frozenset())
     for key in request.query:
         if key not in allowed and key not in IGNORED_QUERY:
             raise ApiError(400, f"unknown query parameter '{key}'")
 
 
-def authenticate(request: web.Request, node: Any) -> Ctx:
+def authenticate(request: web.Request, port: ManagementPort) -> Ctx:
     header = request.headers.get("Authorization", "")
     if not header.startswith("Basic "):
         raise ApiError(401, "authentication required (HTTP basic)")
@@ -281,14 +280,14 @@ def authenticate(request: web.Request, node: Any) -> Ctx:
     if not sep:
         raise ApiError(401, "malformed Authorization header")
     peer = request.remote or ""
-    user = md.authenticate(node.meta.state, username, password, peer,
-                           node.config["loopback_users"])
+    user = md.authenticate(port.metadata(), username, password, peer,
+                           port.config["loopback_users"])
     if isinstance(user, md.MetadataError):
         raise ApiError(401, "Login failed")
     if not set(user.tags) & MGMT_TAGS:
         raise ApiError(403, f"user '{username}' has no management tag "
                             "(administrator, monitoring, policymaker, management)")
-    return Ctx(node, user)
+    return Ctx(port, user)
 
 
 # ---------------------------------------------------------------- overview, nodes
@@ -300,85 +299,74 @@ async def whoami(request: web.Request) -> web.Response:
 
 async def overview(request: web.Request) -> web.Response:
     c = ctx(request)
-    node = c.node
-    state = node.meta.state
+    port = c.port
+    state = port.metadata()
     totals = {"messages": 0, "messages_ready": 0, "messages_unacknowledged": 0}
     consumers = 0
     for r in state.queues.values():
         if not c.can_see(r.vhost):
             continue
-        counts = v.local_counts(node, r)
+        counts = port.local_counts(r.vhost, r.name)
         if counts is None:
             continue
-        for k in totals:
-            totals[k] += int(counts.get(k, 0))
-        consumers += int(counts.get("consumers", 0))
-    cluster = await node.cluster_call("totals")
+        totals["messages"] += counts.messages
+        totals["messages_ready"] += counts.messages_ready
+        totals["messages_unacknowledged"] += counts.messages_unacknowledged
+        consumers += counts.consumers
+    cluster = await port.cluster_totals()
     visible_q = sum(1 for r in state.queues.values() if c.can_see(r.vhost))
     visible_x = sum(1 for (vh, _) in state.exchanges if c.can_see(vh))
     return web.json_response({
         "management_version": v.MANAGEMENT_VERSION,
         "rabbitmq_version": v.MANAGEMENT_VERSION,
         "product_name": v.PRODUCT_NAME,
-        "cluster_name": min(v.cluster_nodes(node)),
-        "node": node.node_name,
+        "cluster_name": min(port.cluster_nodes()),
+        "node": port.node_name,
         "object_totals": {"queues": visible_q, "exchanges": visible_x, "consumers": consumers,
-                          "connections": sum(t["connections"] for t in cluster),
-                          "channels": sum(t["channels"] for t in cluster)},
+                          "connections": sum(t.connections for t in cluster),
+                          "channels": sum(t.channels for t in cluster)},
         "queue_totals": totals,
-        "message_stats": v.sum_message_stats([t["message_stats"] for t in cluster]),
-        "listeners": [{"node": node.node_name, "protocol": "amqp", "port": node.port}],
+        "message_stats": v.sum_message_stats(t.message_stats for t in cluster),
+        "listeners": [{"node": port.node_name, "protocol": "amqp",
+                       "port": port.node_status().amqp_port}],
     })
 
 
-async def _node_resources(node: Any) -> dict[str, dict[str, Any]]:
+async def _node_resources(port: ManagementPort) -> dict[str, NodeResources]:
     """Each reachable node's own disk/memory numbers and alarms, by name."""
-    return {str(r["node"]): r for r in await node.cluster_call("resources")}
+    return {r.node: r for r in await port.cluster_resources()}
 
 
 async def list_nodes(request: web.Request) -> web.Response:
-    node = ctx(request).node
-    res = await _node_resources(node)
-    return web.json_response([v.node_view(node, n, res.get(n)) for n in v.cluster_nodes(node)])
+    port = ctx(request).port
+    res = await _node_resources(port)
+    return web.json_response([v.node_view(port, n, res.get(n)) for n in port.cluster_nodes()])
 
 
 async def get_node(request: web.Request) -> web.Response:
-    node = ctx(request).node
-    name = known_node(node, request.match_info["node"])
-    return web.json_response(v.node_view(node, name, (await _node_resources(node)).get(name)))
+    port = ctx(request).port
+    name = known_node(port, request.match_info["node"])
+    return web.json_response(v.node_view(port, name, (await _node_resources(port)).get(name)))
 
 
-def _live_accounting(node: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
-    """Per group id of a local quorum-queue member: the queue and its machine's
-    live-message accounting (read on the event loop, where the state changes)."""
-    out = {}
-    for q in list(node.queues.values()):
-        fn = getattr(q, "storage_accounting", None)
-        if fn is not None and getattr(q, "glog", None) is not None:
-            acc = fn()
-            out[acc["group_id"]] = (q, acc)
-    return out
-
-
-def _storage_manifest(data_dir: str, accounting: dict[str, tuple[Any, dict[str, Any]]]
-                      ) -> dict[str, Any]:
+def _storage_manifest(data_dir: str, accounting: dict[str, LiveAccounting]) -> dict[str, Any]:
     """The node's storage files (stats and headers: run on a worker thread)
     and, per group and segment, how many entries hold live messages."""
     doc = node_manifest(data_dir)
     for g in doc["groups"]:
-        q, acc = accounting.get(g["group_id"], (None, None))
-        g["vhost"] = q.vhost if q is not None else None
-        g["queue"] = q.name if q is not None else None
+        acc = accounting.get(g["group_id"])
+        g["vhost"] = acc.vhost if acc is not None else None
+        g["queue"] = acc.queue if acc is not None else None
         if acc is None:
             g.update(live_messages=None, smallest_live_index=None,
                      oldest_live_timestamp_ms=None, oldest_live_holder=None)
             for s in g["segments"]:
                 s["live_entries"] = None
             continue
-        live = acc["live_indexes"]
+        live = acc.live_indexes
         g.update(live_messages=len(live), smallest_live_index=live[0] if live else None,
-                 oldest_live_timestamp_ms=acc["oldest_live_timestamp_ms"],
-                 oldest_live_holder=acc["oldest_live_holder"])
+                 oldest_live_timestamp_ms=acc.oldest_live_timestamp_ms,
+                 oldest_live_holder=acc.oldest_live_holder)
         for s in g["segments"]:
             s["live_entries"] = 0 if s["log_first"] is None else (
                 bisect_right(live, s["log_last"]) - bisect_left(live, s["log_first"]))
@@ -390,20 +378,20 @@ async def node_storage(request: web.Request) -> web.Response:
     c = ctx(request)
     if not c.sees_all():
         raise ApiError(403, f"user '{c.name}' is neither administrator nor monitoring")
-    node = c.node
-    name = known_node(node, request.match_info["node"])
-    if name != node.node_name:
+    port = c.port
+    name = known_node(port, request.match_info["node"])
+    if name != port.node_name:
         raise ApiError(501, f"node '{name}' serves its own storage manifest: ask its "
                             "management API")
-    state = node.meta.state
+    state = port.metadata()
     cluster_groups = [
-        {"group_id": node._group_id(r), "vhost": r.vhost, "queue": r.name,
-         "members": sorted(r.members), "leader": v.queue_leader(node, r)}
+        {"group_id": port.group_id(r), "vhost": r.vhost, "queue": r.name,
+         "members": sorted(r.members), "leader": port.queue_leader(r)}
         for r in state.queues.values() if r.type == "quorum"]
-    accounting = _live_accounting(node)
+    accounting = port.live_accounting()  # on the event loop, where the states change
     doc = await asyncio.get_running_loop().run_in_executor(
-        None, _storage_manifest, node.storage.data_dir, accounting)
-    doc.update(node=node.node_name, generated_at_ms=int(time.time() * 1000),
+        None, _storage_manifest, port.data_dir(), accounting)
+    doc.update(node=port.node_name, generated_at_ms=int(time.time() * 1000),
                cluster_groups=cluster_groups)
     return web.json_response(doc)
 
@@ -411,7 +399,7 @@ async def node_storage(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------- vhosts, users, permissions
 async def list_vhosts(request: web.Request) -> web.Response:
     c = ctx(request)
-    return web.json_response([v.vhost_view(r, c.node) for r in c.node.meta.state.vhosts.values()
+    return web.json_response([v.vhost_view(r, c.port) for r in c.port.metadata().vhosts.values()
                               if c.can_see(r.name)])
 
 
@@ -419,20 +407,20 @@ async def get_vhost(request: web.Request) -> web.Response:
     c = ctx(request)
     name = request.match_info["vhost"]
     c.need_vhost(name)
-    return web.json_response(v.vhost_view(c.node.meta.state.vhosts[md.VhostName(name)], c.node))
+    return web.json_response(v.vhost_view(c.port.metadata().vhosts[md.VhostName(name)], c.port))
 
 
 async def list_users(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
-    state = c.node.meta.state
+    state = c.port.metadata()
     return web.json_response([v.user_view(u, state) for u in state.users.values()])
 
 
 async def list_permissions(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
-    return web.json_response([v.permission_view(p) for p in c.node.meta.state.permissions.values()])
+    return web.json_response([v.permission_view(p) for p in c.port.metadata().permissions.values()])
 
 
 VHOST_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -450,8 +438,8 @@ def _tags(value: Any) -> tuple[str, ...]:
     return tuple(t.strip() for t in items if t.strip())
 
 
-async def _execute(c: Ctx, cmd: Any) -> Any:
-    reply = await c.node.meta_execute(cmd)
+async def _execute(c: Ctx, cmd: md.Command) -> md.Reply | None:
+    reply = await c.port.meta_execute(cmd)
     if isinstance(reply, md.MetadataError):
         raise md_error(reply)
     return reply
@@ -467,7 +455,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     dqt = body.get("default_queue_type")
     if dqt is not None and dqt not in ("classic", "quorum"):
         raise ApiError(400, f"unsupported default queue type '{dqt}'")
-    existed = md.VhostName(name) in c.node.meta.state.vhosts
+    existed = md.VhostName(name) in c.port.metadata().vhosts
     await _execute(c, md.AddVhost(md.VhostName(name), body.get("description", ""),
                                   _tags(body.get("tags", ())), dqt))
     return web.Response(status=204 if existed else 201)
@@ -477,7 +465,7 @@ async def delete_vhost(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
     name = request.match_info["vhost"]
-    if md.VhostName(name) not in c.node.meta.state.vhosts:
+    if md.VhostName(name) not in c.port.metadata().vhosts:
         raise ApiError(404, f"no vhost '{name}'")
     await _execute(c, md.DeleteVhost(md.VhostName(name)))
     return web.Response(status=204)
@@ -487,10 +475,10 @@ async def get_user(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
     name = request.match_info["user"]
-    user = c.node.meta.state.users.get(md.UserName(name))
+    user = c.port.metadata().users.get(md.UserName(name))
     if user is None:
         raise ApiError(404, f"no user '{name}'")
-    return web.json_response(v.user_view(user, c.node.meta.state))
+    return web.json_response(v.user_view(user, c.port.metadata()))
 
 
 async def put_user(request: web.Request) -> web.Response:
@@ -503,7 +491,7 @@ async def put_user(request: web.Request) -> web.Response:
     if "password" in body and "password_hash" in body:
         raise ApiError(400, "give either 'password' or 'password_hash', not both")
     algorithm = body.get("hashing_algorithm", "rabbit_password_hashing_sha256")
-    existing = c.node.meta.state.users.get(md.UserName(name))
+    existing = c.port.metadata().users.get(md.UserName(name))
     if "password" in body:
         try:
             password_hash = md.hash_password(body["password"], os.urandom(4), algorithm)
@@ -530,9 +518,9 @@ async def delete_user(request: web.Request) -> web.Response:
 
 def _permission_key(c: Ctx, request: web.Request) -> tuple[md.UserName, md.VhostName]:
     vhost, user = request.match_info["vhost"], request.match_info["user"]
-    if md.VhostName(vhost) not in c.node.meta.state.vhosts:
+    if md.VhostName(vhost) not in c.port.metadata().vhosts:
         raise ApiError(404, f"no vhost '{vhost}'")
-    if md.UserName(user) not in c.node.meta.state.users:
+    if md.UserName(user) not in c.port.metadata().users:
         raise ApiError(404, f"no user '{user}'")
     return md.UserName(user), md.VhostName(vhost)
 
@@ -541,7 +529,7 @@ async def get_permission(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
     key = _permission_key(c, request)
-    perm = c.node.meta.state.permissions.get(key)
+    perm = c.port.metadata().permissions.get(key)
     if perm is None:
         raise ApiError(404, f"no permissions for user '{key[0]}' in vhost '{key[1]}'")
     return web.json_response(v.permission_view(perm))
@@ -554,7 +542,7 @@ async def put_permission(request: web.Request) -> web.Response:
     body = await json_body(request, PERMISSION_KEYS, required=("configure", "write", "read"))
     for key in ("configure", "write", "read"):
         check_regex(body[key], key)
-    existed = (user, vhost) in c.node.meta.state.permissions
+    existed = (user, vhost) in c.port.metadata().permissions
     await _execute(c, md.SetPermissions(user, vhost, body["configure"], body["write"], body["read"]))
     return web.Response(status=204 if existed else 201)
 
@@ -563,7 +551,7 @@ async def delete_permission(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
     user, vhost = _permission_key(c, request)
-    if (user, vhost) not in c.node.meta.state.permissions:
+    if (user, vhost) not in c.port.metadata().permissions:
         raise ApiError(404, f"no permissions for user '{user}' in vhost '{vhost}'")
     await _execute(c, md.ClearPermissions(user, vhost))
     return web.Response(status=204)
@@ -580,7 +568,7 @@ LIMIT_KEYS: dict[str, type | tuple[type, ...]] = {
 
 async def list_vhost_limits(request: web.Request) -> web.Response:
     c = ctx(request)
-    state = c.node.meta.state
+    state = c.port.metadata()
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         c.need_vhost(vhost)
@@ -624,7 +612,7 @@ async def delete_vhost_limit(request: web.Request) -> web.Response:
 async def list_user_limits(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
-    state = c.node.meta.state
+    state = c.port.metadata()
     user = request.match_info.get("user")
     if user is not None and md.UserName(user) not in state.users:
         raise ApiError(404, f"no user '{user}'")
@@ -641,7 +629,7 @@ async def put_user_limit(request: web.Request) -> web.Response:
     c = ctx(request)
     c.need_admin()
     user, name = request.match_info["user"], request.match_info["name"]
-    if md.UserName(user) not in c.node.meta.state.users:
+    if md.UserName(user) not in c.port.metadata().users:
         raise ApiError(404, f"no user '{user}'")
     value = await _limit_value(request, "user", name)
     await _execute(c, md.SetUserLimit(md.UserName(user), name, value))
@@ -663,7 +651,7 @@ async def list_exchanges(request: web.Request) -> web.Response:
     if vhost is not None:
         c.need_vhost(vhost)
     return web.json_response([
-        v.exchange_view(r) for (vh, _), r in c.node.meta.state.exchanges.items()
+        v.exchange_view(r) for (vh, _), r in c.port.metadata().exchanges.items()
         if (vhost is None or vh == vhost) and c.can_see(vh)])
 
 
@@ -673,35 +661,33 @@ async def list_bindings(request: web.Request) -> web.Response:
     if vhost is not None:
         c.need_vhost(vhost)
     out: list[dict[str, Any]] = []
-    for (vh, _), bucket in c.node.meta.state.bindings.items():
+    for (vh, _), bucket in c.port.metadata().bindings.items():
         if (vhost is None or vh == vhost) and c.can_see(vh):
             out.extend(v.binding_view(b) for b in bucket)
     return web.json_response(out)
 
 
 # ---------------------------------------------------------------- queues
-async def counts_for(node: Any, record: md.QueueRecord) -> dict[str, Any] | None:
-    counts = v.local_counts(node, record)
+async def counts_for(port: ManagementPort, record: md.QueueRecord) -> QueueCounts | None:
+    counts = port.local_counts(record.vhost, record.name)
     if counts is not None:
         return counts
-    m = getattr(node, "membership", None)
-    if m is None:
-        return None
     try:
-        result: dict[str, Any] = await asyncio.wait_for(
-            m.queue_overview(record.vhost, record.name), 5)
-        return result
+        return await asyncio.wait_for(port.remote_counts(record.vhost, record.name), 5)
     except Exception:  # noqa: BLE001 - an unreachable leader: counts unknown
         return None
 
 
-async def queue_stats(node: Any, only: tuple[str, str] | None = None) -> dict[tuple[Any, ...], Any]:
+StatsKey = tuple[str, str, int]
+
+
+async def queue_stats(port: ManagementPort, only: tuple[str, str] | None = None
+                      ) -> dict[StatsKey, dict[str, Any]]:
     """Per-queue message_stats of the whole cluster (every node counts what
     its own channels did), by (vhost, name, created_at)."""
-    parts: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for answer in await node.cluster_call("queue_stats", list(only) if only else None):
-        for vhost, name, created_at, stats in answer:
-            parts.setdefault((vhost, name, created_at), []).append(stats)
+    parts: dict[StatsKey, list[dict[str, Any] | None]] = {}
+    for part in await port.cluster_queue_stats(only):
+        parts.setdefault((part.vhost, part.name, part.created_at), []).append(part.message_stats)
     return {k: v.sum_message_stats(p) for k, p in parts.items()}
 
 
@@ -710,17 +696,17 @@ async def list_queues(request: web.Request) -> web.Response:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         c.need_vhost(vhost)
-    records = [r for (vh, _), r in sorted(c.node.meta.state.queues.items())
+    records = [r for (vh, _), r in sorted(c.port.metadata().queues.items())
                if (vhost is None or vh == vhost) and c.can_see(vh)]
-    counts = await asyncio.gather(*(counts_for(c.node, r) for r in records))
-    stats = await queue_stats(c.node)
-    return web.json_response([v.queue_view(c.node, r, n, stats.get((r.vhost, r.name, r.created_at)))
+    counts = await asyncio.gather(*(counts_for(c.port, r) for r in records))
+    stats = await queue_stats(c.port)
+    return web.json_response([v.queue_view(c.port, r, n, stats.get((r.vhost, r.name, r.created_at)))
                               for r, n in zip(records, counts, strict=True)])
 
 
 def queue_record(c: Ctx, vhost: str, name: str) -> md.QueueRecord:
     c.need_vhost(vhost)
-    record: md.QueueRecord | None = c.node.queue_record(vhost, name)
+    record = c.port.metadata().queues.get((md.VhostName(vhost), md.QueueName(name)))
     if record is None:
         raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
     return record
@@ -729,8 +715,8 @@ def queue_record(c: Ctx, vhost: str, name: str) -> md.QueueRecord:
 async def get_queue(request: web.Request) -> web.Response:
     c = ctx(request)
     record = queue_record(c, request.match_info["vhost"], request.match_info["name"])
-    stats = await queue_stats(c.node, (record.vhost, record.name))
-    return web.json_response(v.queue_view(c.node, record, await counts_for(c.node, record),
+    stats = await queue_stats(c.port, (record.vhost, record.name))
+    return web.json_response(v.queue_view(c.port, record, await counts_for(c.port, record),
                                           stats.get((record.vhost, record.name, record.created_at))))
 
 
@@ -753,14 +739,13 @@ async def put_queue(request: web.Request) -> web.Response:
             raise ApiError(400, f"unsupported queue type '{body['type']}'")
         arguments.setdefault("x-queue-type", body["type"])
     if "node" in body:
-        known_node(c.node, body["node"])
-    reply = await c.node.declarations.declare_queue(
-        vhost, name, durable=body.get("durable", True), exclusive_owner=None,
-        auto_delete=body.get("auto_delete", False), arguments=arguments, passive=False,
-        server_named=False)
+        known_node(c.port, body["node"])
+    reply = await c.port.declare_queue(
+        vhost, name, durable=body.get("durable", True),
+        auto_delete=body.get("auto_delete", False), arguments=arguments)
     if isinstance(reply, md.MetadataError):
         raise md_error(reply)
-    created = bool(getattr(reply, "created", True))
+    created = reply.created if isinstance(reply, md.QueueDeclareOk) else True
     return web.Response(status=201 if created else 204)
 
 
@@ -768,22 +753,21 @@ async def delete_queue(request: web.Request) -> web.Response:
     c = ctx(request)
     vhost, name = request.match_info["vhost"], request.match_info["name"]
     c.need_configure(vhost, name)
-    queue_record(c, vhost, name)
+    record = queue_record(c, vhost, name)
     if_empty, if_unused = query_flag(request, "if-empty"), query_flag(request, "if-unused")
-    record = c.node.queue_record(vhost, name)
-    if record is not None and (if_empty or if_unused) and v.local_counts(c.node, record) is None:
+    if (if_empty or if_unused) and c.port.local_counts(vhost, name) is None:
         # No replica here to check the condition against: use the leader's counts.
-        counts = await counts_for(c.node, record)
+        counts = await counts_for(c.port, record)
         if counts is None:
             raise ApiError(503, f"queue '{name}' in vhost '{vhost}': counts unavailable")
-        if if_empty and counts.get("messages", 0):
+        if if_empty and counts.messages:
             raise ApiError(400, f"queue '{name}' in vhost '{vhost}' is not empty")
-        if if_unused and counts.get("consumers", 0):
+        if if_unused and counts.consumers:
             raise ApiError(400, f"queue '{name}' in vhost '{vhost}' in use")
-    reply, _count = await c.node.declarations.delete_queue(vhost, name, if_unused, if_empty, None)
+    reply = await c.port.delete_queue(vhost, name, if_unused, if_empty)
     if isinstance(reply, md.MetadataError):
         raise md_error(reply)
-    if getattr(reply, "record", True) is None:
+    if isinstance(reply, md.QueueDeleteOk) and reply.record is None:
         raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
     return web.Response(status=204)
 
@@ -793,19 +777,16 @@ async def purge_queue(request: web.Request) -> web.Response:
     vhost, name = request.match_info["vhost"], request.match_info["name"]
     queue_record(c, vhost, name)
     if not c.admin:
-        err = md.check(c.node.meta.state, c.name, vhost, "read", md.Resource.queue(name))
+        err = md.check(c.port.metadata(), c.name, vhost, "read", md.Resource.queue(name))
         if err is not None:
             raise ApiError(403, err.text)
-    q = c.node.queue(vhost, name)
+    q = c.port.local_queue(vhost, name)
     if q is None:
         raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
     try:
-        await c.node.queue_command(q, qm.Purge())
-    except Exception as exc:
-        code, text = getattr(exc, "code", None), getattr(exc, "text", None)
-        if isinstance(code, int) and isinstance(text, str):
-            raise ApiError(503 if code == 404 else 400, text) from None
-        raise
+        await q.command(qm.Purge())
+    except QueueCommandFailed as exc:
+        raise ApiError(503 if exc.code == 404 else 400, exc.text) from None
     return web.Response(status=204)
 
 
@@ -827,7 +808,7 @@ async def list_policies(request: web.Request) -> web.Response:
         c.need_vhost(vhost)
     if operator:
         c.need_admin()
-    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    source = c.port.metadata().operator_policies if operator else c.port.metadata().policies
     return web.json_response([v.policy_view(p) for (vh, _), p in sorted(source.items())
                               if (vhost is None or vh == vhost) and c.can_see(vh)])
 
@@ -839,7 +820,7 @@ async def get_policy(request: web.Request) -> web.Response:
     c.need_vhost(vhost)
     if operator:
         c.need_admin()
-    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    source = c.port.metadata().operator_policies if operator else c.port.metadata().policies
     p = source.get((md.VhostName(vhost), md.PolicyName(name)))
     if p is None:
         raise ApiError(404, f"no {what} '{name}' in vhost '{vhost}'")
@@ -857,15 +838,13 @@ async def put_policy(request: web.Request) -> web.Response:
         c.need_policymaker(vhost)
     body = await json_body(request, POLICY_KEYS, required=("pattern", "definition"))
     check_regex(body["pattern"], "pattern")
-    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    source = c.port.metadata().operator_policies if operator else c.port.metadata().policies
     existed = (md.VhostName(vhost), md.PolicyName(name)) in source
     cls = md.SetOperatorPolicy if operator else md.SetPolicy
     cmd = cls(md.VhostName(vhost), md.PolicyName(name), body["pattern"],
               md.freeze_table(body["definition"]), body.get("priority", 0),
               body.get("apply-to", "queues" if operator else "all"))
-    reply = await c.node.meta_execute(cmd)
-    if isinstance(reply, md.MetadataError):
-        raise md_error(reply)
+    await _execute(c, cmd)
     return web.Response(status=204 if existed else 201)
 
 
@@ -878,20 +857,18 @@ async def delete_policy(request: web.Request) -> web.Response:
         c.need_admin()
     else:
         c.need_policymaker(vhost)
-    source = c.node.meta.state.operator_policies if operator else c.node.meta.state.policies
+    source = c.port.metadata().operator_policies if operator else c.port.metadata().policies
     if (md.VhostName(vhost), md.PolicyName(name)) not in source:
         raise ApiError(404, f"no {what} '{name}' in vhost '{vhost}'")
     cls = md.ClearOperatorPolicy if operator else md.ClearPolicy
-    reply = await c.node.meta_execute(cls(md.VhostName(vhost), md.PolicyName(name)))
-    if isinstance(reply, md.MetadataError):
-        raise md_error(reply)
+    await _execute(c, cls(md.VhostName(vhost), md.PolicyName(name)))
     return web.Response(status=204)
 
 
 # ---------------------------------------------------------------- health
 async def health_alarms(request: web.Request) -> web.Response:
     """RabbitMQ's: 503 while a resource alarm is in effect on any node."""
-    alarms = ctx(request).node.alarms.cluster_alarms()
+    alarms = list(ctx(request).port.alarm_status().in_effect)
     if alarms:
         return web.json_response({"status": "failed",
                                   "reason": "There are alarms in effect in the cluster",
@@ -901,8 +878,8 @@ async def health_alarms(request: web.Request) -> web.Response:
 
 async def health_local_alarms(request: web.Request) -> web.Response:
     """RabbitMQ's: 503 while a resource alarm is in effect on this node."""
-    node = ctx(request).node
-    alarms = [a for a in node.alarms.cluster_alarms() if a["node"] == node.node_name]
+    port = ctx(request).port
+    alarms = [a for a in port.alarm_status().in_effect if a["node"] == port.node_name]
     if alarms:
         return web.json_response({"status": "failed",
                                   "reason": "There are alarms in effect on the node",
@@ -910,20 +887,13 @@ async def health_local_alarms(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def _critical(node: Any, name: str) -> list[tuple[str, str]]:
-    m = getattr(node, "membership", None)
-    if m is not None and hasattr(m, "quorum_critical"):
-        return sorted((str(a), str(b)) for a, b in m.quorum_critical(name))
-    return v.quorum_critical(node, name)
-
-
 async def health_quorum_critical(request: web.Request) -> web.Response:
-    node = ctx(request).node
-    name = request.query.get("node", node.node_name)
-    known_node(node, name)
-    if node.cluster is None:
+    port = ctx(request).port
+    name = request.query.get("node", port.node_name)
+    known_node(port, name)
+    if not port.node_status().clustered:
         return web.json_response({"status": "ok", "reason": "single node cluster"})
-    critical = _critical(node, name)
+    critical = port.quorum_critical(name)
     if critical:
         return web.json_response({
             "status": "failed",
@@ -938,7 +908,7 @@ async def health_raft_groups(request: web.Request) -> web.Response:
     """503 when a Raft group on this node stopped (a broken invariant or a
     storage failure) or a queue member could not start: that member serves
     nothing until the node's data is repaired or the member is replaced."""
-    stopped = ctx(request).node.stopped_members()
+    stopped = ctx(request).port.stopped_members()
     if stopped:
         return web.json_response({
             "status": "failed", "reason": "Raft groups on this node are stopped",
@@ -951,13 +921,13 @@ async def liveness(request: web.Request) -> web.Response:
 
 
 async def readiness(request: web.Request) -> web.Response:
-    node: Any = request.app[NODE_KEY]
+    status = request.app[PORT_KEY].node_status()
     problems = []
-    if node.meta.group.leader is None:
+    if status.metadata_leader is None:
         problems.append("the metadata store has no leader")
-    elif node.cluster is not None and node.node_name not in node.meta.group.node.config.voters:
+    elif status.clustered and not status.metadata_voter:
         problems.append("this node is not (yet) a voting member of the cluster")
-    if not node.port:
+    if not status.amqp_port:
         problems.append("the AMQP listener is not up")
     if problems:
         return web.json_response({"status": "failed", "reason": "; ".join(problems)}, status=503)
@@ -983,35 +953,35 @@ def _quorum_queue(request: web.Request, admin: bool = True) -> tuple[Ctx, str, s
 
 async def _node_in_body(c: Ctx, request: web.Request) -> str:
     body = await json_body(request, {"node": str}, required=("node",))
-    return known_node(c.node, body["node"])
+    return known_node(c.port, body["node"])
 
 
 async def quorum_status(request: web.Request) -> web.Response:
     c, vhost, name = _quorum_queue(request, admin=False)
-    result = await call_membership(membership(c.node).quorum_status(vhost, name))
-    return web.json_response(v.jsonable(result))
+    result = await call_membership(c.port.quorum_status(vhost, name))
+    return web.json_response([dataclasses.asdict(m) for m in result])
 
 
 async def queue_storage(request: web.Request) -> web.Response:
     """`GET /api/queues/{vhost}/{name}/storage`: every reachable member's
     segment files and bytes and snapshot bytes, by node."""
     c, vhost, name = _quorum_queue(request, admin=False)
-    answers = await c.node.cluster_call("queue_storage", [vhost, name])
-    return web.json_response(sorted((a for a in answers if a), key=lambda a: str(a["node"])))
+    answers = await c.port.queue_storage(vhost, name)
+    return web.json_response(sorted(answers, key=lambda a: str(a["node"])))
 
 
 async def add_member(request: web.Request) -> web.Response:
     c, vhost, name = _quorum_queue(request)
     node = await _node_in_body(c, request)
-    await call_membership(membership(c.node).add_member(vhost, name, node))
+    await call_membership(c.port.add_member(vhost, name, node))
     return web.Response(status=204)
 
 
 async def delete_member(request: web.Request) -> web.Response:
     c, vhost, name = _quorum_queue(request)
-    target = known_node(c.node, request.match_info["node"])
+    target = known_node(c.port, request.match_info["node"])
     force = query_flag(request, "force")
-    await call_membership(membership(c.node).delete_member(vhost, name, target, force=force))
+    await call_membership(c.port.delete_member(vhost, name, target, force=force))
     return web.Response(status=204)
 
 
@@ -1020,12 +990,14 @@ async def transfer_leader(request: web.Request) -> web.Response:
     transfer; answered once the new leader is known)."""
     c, vhost, name = _quorum_queue(request)
     node = await _node_in_body(c, request)
-    await call_membership(membership(c.node).transfer_leader(vhost, name, node))
+    await call_membership(c.port.transfer_leader(vhost, name, node))
     return web.Response(status=204)
 
 
-async def _long_operation(request: web.Request, run: Callable[[Callable[[dict[str, Any]], None] | None],
-                                                                Awaitable[Any]]) -> web.StreamResponse:
+LongRun = Callable[[Progress], Awaitable[list[dict[str, Any]]]]
+
+
+async def _long_operation(request: web.Request, run: LongRun) -> web.StreamResponse:
     """Run a long membership operation. With ``?progress=true`` the response is
     NDJSON streamed as the operation goes: ``{"progress": {...}}`` lines, then
     one ``{"result": [...]}`` or ``{"error": ..., "reason": ...}`` line (the
@@ -1067,14 +1039,14 @@ async def grow(request: web.Request) -> web.StreamResponse:
     c.need_admin()
     body = await json_body(request, {"node": str, "strategy": str, **PATTERN_KEYS},
                            required=("node",))
-    known_node(c.node, body["node"])
+    known_node(c.port, body["node"])
     strategy = body.get("strategy", "all")
     if strategy not in ("all", "even"):
         raise ApiError(400, f"strategy must be 'all' or 'even', got {strategy!r}")
     vp = check_regex(body.get("vhost_pattern", ".*"), "vhost_pattern")
     qp = check_regex(body.get("queue_pattern", ".*"), "queue_pattern")
-    m = membership(c.node)
-    return await _long_operation(request, lambda progress: m.grow(
+    port = c.port
+    return await _long_operation(request, lambda progress: port.grow(
         body["node"], strategy, vhost_pattern=vp, queue_pattern=qp, progress=progress))
 
 
@@ -1082,9 +1054,9 @@ async def shrink(request: web.Request) -> web.StreamResponse:
     c = ctx(request)
     c.need_admin()
     body = await json_body(request, {"node": str, "errors_only": bool}, required=("node",))
-    known_node(c.node, body["node"])
-    m = membership(c.node)
-    return await _long_operation(request, lambda progress: m.shrink(
+    known_node(c.port, body["node"])
+    port = c.port
+    return await _long_operation(request, lambda progress: port.shrink(
         body["node"], errors_only=body.get("errors_only", False), progress=progress))
 
 
@@ -1094,8 +1066,8 @@ async def rebalance(request: web.Request) -> web.StreamResponse:
     body = await json_body(request, PATTERN_KEYS)
     vp = check_regex(body.get("vhost_pattern", ".*"), "vhost_pattern")
     qp = check_regex(body.get("queue_pattern", ".*"), "queue_pattern")
-    m = membership(c.node)
-    return await _long_operation(request, lambda progress: m.rebalance(
+    port = c.port
+    return await _long_operation(request, lambda progress: port.rebalance(
         vhost_pattern=vp, queue_pattern=qp, progress=progress))
 
 
@@ -1106,21 +1078,21 @@ async def drain(request: web.Request) -> web.StreamResponse:
     receive nothing: pods that stop together never drain onto each other."""
     c = ctx(request)
     c.need_admin()
-    target = known_node(c.node, request.match_info["node"])
+    target = known_node(c.port, request.match_info["node"])
     body = await json_body(request, {"desired_replicas": int})
     exclude: set[str] = set()
     if "desired_replicas" in body:
         if body["desired_replicas"] < 0:
             raise ApiError(400, "'desired_replicas' must be 0 or more")
-        if c.node.config["cluster.discovery"] != "statefulset":
+        if c.port.config["cluster.discovery"] != "statefulset":
             raise ApiError(400, "'desired_replicas' needs cluster.discovery = statefulset "
                                 "(this node cannot tell the pods' ordinals)")
-        names = v.cluster_nodes(c.node)
-        exclude = {n for n, k in discovery.ordinals(c.node.config, os.environ, names).items()
+        names = c.port.cluster_nodes()
+        exclude = {n for n, k in discovery.ordinals(c.port.config.values, os.environ, names).items()
                    if k >= body["desired_replicas"]}
-    m = membership(c.node)
-    return await _long_operation(request, lambda progress: m.drain(
-        target, progress=progress, exclude=exclude))
+    port = c.port
+    return await _long_operation(request, lambda progress: port.drain(
+        target, exclude, progress=progress))
 
 
 async def hand_off_leaders(request: web.Request) -> web.StreamResponse:
@@ -1128,10 +1100,11 @@ async def hand_off_leaders(request: web.Request) -> web.StreamResponse:
     metadata leadership) to other online members: a pod about to restart."""
     c = ctx(request)
     c.need_admin()
-    target = known_node(c.node, request.match_info["node"])
+    target = known_node(c.port, request.match_info["node"])
     await json_body(request, {})
-    m = membership(c.node)
-    return await _long_operation(request, lambda progress: m.hand_off_leaders(target, progress=progress))
+    port = c.port
+    return await _long_operation(request, lambda progress: port.hand_off_leaders(
+        target, progress=progress))
 
 
 async def forget_node(request: web.Request) -> web.Response:
@@ -1140,8 +1113,8 @@ async def forget_node(request: web.Request) -> web.Response:
     answer 409 naming the leader."""
     c = ctx(request)
     c.need_admin()
-    target = known_node(c.node, request.match_info["node"])
-    await call_membership(membership(c.node).forget_node(target))
+    target = known_node(c.port, request.match_info["node"])
+    await call_membership(c.port.forget_node(target))
     return web.Response(status=204)
 
 
@@ -1161,18 +1134,13 @@ def _in_vhost(c: Ctx, request: web.Request, items: list[dict[str, Any]]) -> list
     return [i for i in items if i["vhost"] == vhost]
 
 
-async def _cluster_list(c: Ctx, op: str) -> list[dict[str, Any]]:
-    """The whole cluster's connections/channels/consumers (every reachable
-    node's), as RabbitMQ lists them."""
-    return [item for answer in await c.node.cluster_call(op) for item in answer]
-
-
 async def _connections(c: Ctx) -> list[dict[str, Any]]:
-    return v.visible(await _cluster_list(c, "connections"), c.name, c.sees_all())
+    """The whole cluster's connections (every reachable node's), as RabbitMQ lists them."""
+    return v.visible(await c.port.cluster_list("connections"), c.name, c.sees_all())
 
 
 async def _channels(c: Ctx) -> list[dict[str, Any]]:
-    return v.visible(await _cluster_list(c, "channels"), c.name, c.sees_all())
+    return v.visible(await c.port.cluster_list("channels"), c.name, c.sees_all())
 
 
 async def list_connections(request: web.Request) -> web.Response:
@@ -1195,15 +1163,11 @@ async def delete_connection(request: web.Request) -> web.Response:
     if not c.admin and info.get("user") != c.name:
         raise ApiError(403, f"user '{c.name}' may not close connection '{name}'")
     reason = request.headers.get("X-Reason", "Closed via management plugin")
-    node = c.node
-    if info.get("node") in (None, node.node_name):
-        node.close_local_connection(name, reason)
-    else:
-        try:
-            await node.cluster.call(info["node"], "close_connection", [name, reason], 5.0)
-        except (TimeoutError, ConnectionError, RuntimeError) as exc:
-            raise ApiError(503, f"could not reach node '{info['node']}' to close '{name}': {exc}",
-                           error="Service Unavailable") from None
+    try:
+        await c.port.close_connection(info.get("node"), name, reason)
+    except PeerUnreachable as exc:
+        raise ApiError(503, f"could not reach node '{info['node']}' to close '{name}': {exc.text}",
+                       error="Service Unavailable") from None
     return web.Response(status=204)
 
 
@@ -1230,7 +1194,7 @@ async def list_consumers(request: web.Request) -> web.Response:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         c.need_vhost(vhost)
-    return web.json_response([x for x in await _cluster_list(c, "consumers")
+    return web.json_response([x for x in await c.port.cluster_list("consumers")
                               if (vhost is None or x["queue"]["vhost"] == vhost)
                               and c.can_see(x["queue"]["vhost"])])
 
@@ -1249,7 +1213,7 @@ _PROP_NAMES = {"content_type": "content_type", "content_encoding": "content_enco
 
 
 def _int_param(body: dict[str, Any], key: str, default: int | None = None) -> int:
-    raw = body.get(key, default)
+    raw: Any = body.get(key, default)
     try:
         value = int(raw)  # RabbitMQ's UI sends numbers as strings
     except (TypeError, ValueError):
@@ -1278,7 +1242,7 @@ def _properties_view(raw: bytes, delivery_count: int, quorum: bool) -> dict[str,
 
 def _read_permission(c: Ctx, vhost: str, name: str) -> None:
     if not c.admin:
-        err = md.check(c.node.meta.state, c.name, vhost, "read", md.Resource.queue(name))
+        err = md.check(c.port.metadata(), c.name, vhost, "read", md.Resource.queue(name))
         if err is not None:
             raise ApiError(403, err.text)
 
@@ -1304,33 +1268,32 @@ async def get_messages(request: web.Request) -> web.Response:
         raise ApiError(400, f"unknown ackmode '{ackmode}' (one of {', '.join(ACKMODES)})")
     if encoding not in ("auto", "base64"):
         raise ApiError(400, f"unknown encoding '{encoding}' (auto or base64)")
-    node = c.node
-    q = node.queue(vhost, name)
+    port = c.port
+    q = port.local_queue(vhost, name)
     if q is None:
         raise ApiError(404, f"no queue '{name}' in vhost '{vhost}'")
     _GET_SEQ[0] += 1
-    ref = ChannelRef(f"{node.incarnation}/mgmt-get/{_GET_SEQ[0]}")
+    ref = ChannelRef(f"{port.incarnation}/mgmt-get/{_GET_SEQ[0]}")
     no_ack = ackmode == "ack_requeue_false"
-    taken: list[int] = []
+    taken: list[qm.MsgId] = []
     out: list[dict[str, Any]] = []
     # The ref counts as an open channel until its settle is applied: the
     # leader's housekeeping must not return what the get holds.
-    node.borrow_channel(ref)
+    port.borrow_channel(ref)
     try:
         for _ in range(count):
             try:
-                reply = await node.queue_command(q, qm.Dequeue(ref, no_ack))
-            except Exception as exc:  # no leader, a stopped group: say so
-                text = getattr(exc, "text", None) or str(exc)
-                raise ApiError(503, f"queue '{name}' in vhost '{vhost}': {text}") from None
+                reply = await q.command(qm.Dequeue(ref, no_ack))
+            except QueueCommandFailed as exc:  # no leader, a stopped group: say so
+                raise ApiError(503, f"queue '{name}' in vhost '{vhost}': {exc.text}") from None
             if isinstance(reply, qm.DequeueRefused):
                 raise ApiError(400, reply.reply_text)
             if not isinstance(reply, qm.Dequeued):
                 break
             if not no_ack:
                 taken.append(reply.msg_id)
-            props_raw, payload, exchange, routing_key = q.message(reply.raft_index)[:4]
-            payload = bytes(payload)
+            msg = q.message(reply.raft_index)
+            payload = msg.body
             size = len(payload)
             if truncate is not None:
                 payload = payload[:truncate]
@@ -1345,9 +1308,9 @@ async def get_messages(request: web.Request) -> web.Response:
 
                 text = base64.b64encode(payload).decode("ascii")
             out.append({"payload_bytes": size, "redelivered": reply.redelivered,
-                        "exchange": exchange, "routing_key": routing_key,
+                        "exchange": msg.exchange, "routing_key": msg.routing_key,
                         "message_count": reply.messages_ready,
-                        "properties": _properties_view(props_raw, reply.delivery_count,
+                        "properties": _properties_view(msg.properties, reply.delivery_count,
                                                        record.type == "quorum"),
                         "payload": text, "payload_encoding": enc})
     finally:
@@ -1361,9 +1324,9 @@ async def get_messages(request: web.Request) -> web.Response:
                 settle = qm.Return(cid, ids)
             else:
                 settle = qm.Settle(cid, ids)
-            node.queue_command_reliable(q.uid, settle, lambda: node.give_back_channel(ref))
+            q.command_reliable(settle, lambda: port.give_back_channel(ref))
         else:
-            node.give_back_channel(ref)
+            port.give_back_channel(ref)
     return web.json_response(out)
 
 
@@ -1426,13 +1389,13 @@ async def publish_message(request: web.Request) -> web.Response:
     body = await json_body(request, PUBLISH_KEYS,
                            required=("properties", "routing_key", "payload", "payload_encoding"))
     exchange = "" if xname == "amq.default" else xname
-    if (md.VhostName(vhost), md.ExchangeName(exchange)) not in c.node.meta.state.exchanges \
+    if (md.VhostName(vhost), md.ExchangeName(exchange)) not in c.port.metadata().exchanges \
             and exchange:
         # RabbitMQ 3.10 answers 400 here (its publish fails with not_found)
         raise ApiError(400, f"no exchange '{xname}' in vhost '{vhost}'", error="not_found")
     if not c.admin:
-        err = md.check(c.node.meta.state, c.name, vhost, "write",
-                       md.Resource("exchange", xname or "amq.default"))  # type: ignore[arg-type]
+        err = md.check(c.port.metadata(), c.name, vhost, "write",
+                       md.Resource("exchange", xname or "amq.default"))
         if err is not None:
             raise ApiError(403, err.text)
     enc = body["payload_encoding"]
@@ -1447,15 +1410,15 @@ async def publish_message(request: web.Request) -> web.Response:
         raise ApiError(400, f"unknown payload_encoding '{enc}' (string or base64)")
     props_raw, priority, expiration, headers = _encode_properties(body["properties"])
     rk = body["routing_key"]
-    routed = md.route(c.node.meta.state, md.VhostName(vhost), exchange, rk, headers)
+    routed = md.route(c.port.metadata(), md.VhostName(vhost), exchange, rk, headers)
     if isinstance(routed, md.MetadataError):
         raise md_error(routed)
-    queues = [q for q in (c.node.queue(vhost, n) for n in routed) if q is not None]
+    queues = [q for q in (c.port.local_queue(vhost, n) for n in routed) if q is not None]
     try:
-        futures = [q.enqueue(None, 0, props_raw, payload, exchange, rk, priority, expiration)
+        futures = [q.enqueue(props_raw, payload, exchange, rk, priority, expiration)
                    for q in queues]
-    except Exception as exc:  # a stopped group
-        raise ApiError(503, f"publish not enqueued: {exc}") from None
+    except QueueCommandFailed as exc:  # a stopped group
+        raise ApiError(503, f"publish not enqueued: {exc.text}") from None
     if futures:
         results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 60)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -1572,11 +1535,11 @@ async def ui_file(request: web.Request) -> web.StreamResponse:
                         headers={"Cache-Control": "no-cache"})
 
 
-def make_app(node: Any) -> web.Application:
-    """The management application over a started node: the API (ROUTES,
-    documented in openapi.py) and the web UI under /ui/."""
+def make_app(port: ManagementPort) -> web.Application:
+    """The management application over a started node's port: the API
+    (ROUTES, documented in openapi.py) and the web UI under /ui/."""
     app = web.Application(middlewares=[errors_and_auth], client_max_size=1 << 20)
-    app[NODE_KEY] = node
+    app[PORT_KEY] = port
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
     app.router.add_route("GET", "/", ui_root)

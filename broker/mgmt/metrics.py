@@ -1,8 +1,8 @@
 """Prometheus metrics: a per-node registry whose collector reads live state at scrape time.
 
-Where it sits: beside the management API in the I/O shell. `NodeCollector(node)`
+Where it sits: beside the management API in the I/O shell. `NodeCollector(port)`
 is registered in a `CollectorRegistry` of its own (never the global one, so
-several nodes can live in one process, as in tests); `metrics_app(node)` serves
+several nodes can live in one process, as in tests); `metrics_app(registry)` serves
 it on `prometheus.tcp.port` at `/metrics` (rabbitmq_prometheus's path).
 
 Names follow rabbitmq_prometheus where it has them (per-object queue metrics
@@ -19,10 +19,8 @@ upper bound that includes up to one sampling interval of staleness.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -35,24 +33,17 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import views as v
+from .port import ManagementPort
 
 SAMPLE_INTERVAL_S = 0.2  # cost: one pass over the local groups per interval
-
-
-def _groups(node: Any) -> Iterator[tuple[str, str, Any, Any]]:
-    """(vhost, queue, queue process, raft group) for every local quorum member."""
-    for (vhost, name), q in list(node.queues.items()):
-        group = getattr(q, "group", None)
-        if group is not None:
-            yield vhost, name, q, group
 
 
 class GroupSampler:
     """Per-group commit latency estimates and leader-change counts, sampled
     every SAMPLE_INTERVAL_S (see the module docstring)."""
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
+    def __init__(self, port: ManagementPort) -> None:
+        self.port = port
         self.latency: dict[tuple[str, str], float] = {}
         self.leader_changes: dict[tuple[str, str], int] = {}
         self._leaders: dict[tuple[str, str], str] = {}
@@ -73,15 +64,15 @@ class GroupSampler:
     def sample(self) -> None:
         now_ms = time.time() * 1000
         live = set()
-        for vhost, name, _q, g in _groups(self.node):
-            key = (vhost, name)
+        for m in self.port.member_samples():
+            key = (m.vhost, m.name)
             live.add(key)
-            applied = g.applied_index
+            applied = m.applied_index
             if self._seen.get(key) != applied:
                 self._seen[key] = applied
-                if g.last_applied_ms:
-                    self.latency[key] = max(0.0, (now_ms - g.last_applied_ms) / 1000)
-            lead = g.leader
+                if m.last_applied_ms:
+                    self.latency[key] = max(0.0, (now_ms - m.last_applied_ms) / 1000)
+            lead = m.leader
             if lead is not None and self._leaders.get(key) != lead:
                 if key in self._leaders:
                     self.leader_changes[key] = self.leader_changes.get(key, 0) + 1
@@ -101,12 +92,12 @@ class GroupSampler:
 class NodeCollector(Collector):
     """Reads the node's live state at every scrape."""
 
-    def __init__(self, node: Any, sampler: GroupSampler | None = None) -> None:
-        self.node = node
+    def __init__(self, port: ManagementPort, sampler: GroupSampler | None = None) -> None:
+        self.port = port
         self.sampler = sampler
 
     def collect(self) -> Iterator[Metric]:
-        node = self.node
+        port = self.port
         ql = ["vhost", "queue"]
 
         def g(name: str, doc: str, labels: list[str] = ql) -> GaugeMetricFamily:
@@ -145,46 +136,36 @@ class NodeCollector(Collector):
         if sampler is not None:
             sampler.sample()
 
-        for (vh, name), record in list(node.meta.state.queues.items()):
+        local = {(m.vhost, m.name): m for m in port.raft_members()}
+        for (vh, name), record in list(port.metadata().queues.items()):
             labels = [str(vh), str(name)]
-            q = node.queues.get((vh, name))
-            group = getattr(q, "group", None)
-            leader_here = (q is not None and q.is_leader) if group is not None else (
-                q is not None and q.kind == "classic")
-            if leader_here:
-                ov = q.overview()
-                ready.add_metric(labels, ov.get("messages_ready", 0))
-                unacked.add_metric(labels, ov.get("messages_unacknowledged", 0))
-                total.add_metric(labels, ov.get("messages", 0))
-                ready_b.add_metric(labels, ov.get("message_bytes_ready", 0))
-                unacked_b.add_metric(labels, ov.get("message_bytes_unacknowledged", 0))
-                consumers.add_metric(labels, ov.get("consumers", 0))
-                if group is not None:
-                    dlx.add_metric(labels, ov.get("messages_dlx", 0))
-                    dlx_b.add_metric(labels, ov.get("message_bytes_dlx", 0))
-            if group is None:
+            member = local.get((vh, name))
+            ov = port.leader_counts(vh, name)
+            if ov is not None:  # led here (or a classic queue here)
+                ready.add_metric(labels, ov.messages_ready)
+                unacked.add_metric(labels, ov.messages_unacknowledged)
+                total.add_metric(labels, ov.messages)
+                ready_b.add_metric(labels, ov.message_bytes_ready)
+                unacked_b.add_metric(labels, ov.message_bytes_unacknowledged)
+                consumers.add_metric(labels, ov.consumers)
+                if member is not None:
+                    dlx.add_metric(labels, ov.messages_dlx)
+                    dlx_b.add_metric(labels, ov.message_bytes_dlx)
+            if member is None:
                 continue
-            st = group.node.status()
-            term.add_metric(labels, st.term)
-            commit.add_metric(labels, st.commit)
-            applied.add_metric(labels, group.applied_index)
-            written.add_metric(labels, st.last_index)
-            smeta = group.glog.snapshot_meta()
-            snap.add_metric(labels, smeta.index if smeta is not None else 0)
-            is_leader.add_metric(labels, 1 if group.is_leader else 0)
+            term.add_metric(labels, member.term)
+            commit.add_metric(labels, member.commit_index)
+            applied.add_metric(labels, member.applied_index)
+            written.add_metric(labels, member.last_index)
+            snap.add_metric(labels, member.snapshot_index)
+            is_leader.add_metric(labels, 1 if member.is_leader else 0)
             members.add_metric(labels, len(record.members))
-            online.add_metric(labels, len(v.online(node, record.members)))
+            online.add_metric(labels, len(v.online(port, record.members)))
             if sampler is not None and (vh, name) in sampler.latency:
                 latency.add_metric(labels, sampler.latency[(vh, name)])
-            files = group.glog.segment_files()
-            size = 0
-            for f in files:
-                try:
-                    size += os.stat(f).st_size
-                except OSError:
-                    pass
-            seg_bytes.add_metric(labels, size)
-            seg_files.add_metric(labels, len(files))
+            usage = port.segment_usage(vh, name)
+            seg_bytes.add_metric(labels, usage.bytes)
+            seg_files.add_metric(labels, usage.files)
             if sampler is not None:
                 leader_changes.add_metric(labels, sampler.leader_changes.get((vh, name), 0))
         yield from (ready, unacked, total, ready_b, unacked_b, consumers, dlx, dlx_b, term, commit, applied,
@@ -194,8 +175,8 @@ class NodeCollector(Collector):
         yield from self._node_metrics()
 
     def _node_metrics(self) -> Iterator[Metric]:
-        node = self.node
-        stats = dict(node.storage.stats) if node.storage is not None else {}
+        port = self.port
+        stats = port.wal_stats()
         for key, doc in (("bytes", "Bytes written to the write-ahead log"),
                          ("fsyncs", "fsync/fdatasync calls on the write-ahead log"),
                          ("batches", "Write-ahead log batches written"),
@@ -203,22 +184,23 @@ class NodeCollector(Collector):
                          ("write_errors", "Failed write-ahead log writes"),
                          ("rollovers", "Write-ahead log roll-overs"),
                          ("flushes", "Write-ahead log flushes into segment files")):
-            m = CounterMetricFamily(f"qq_wal_{key}", doc, labels=[])
-            m.add_metric([], stats.get(key, 0))
-            yield m
-        nodes = v.cluster_nodes(node)
+            wal = CounterMetricFamily(f"qq_wal_{key}", doc, labels=[])
+            wal.add_metric([], stats.get(key, 0))
+            yield wal
+        nodes = port.cluster_nodes()
+        status = port.node_status()
         up = GaugeMetricFamily("qq_cluster_nodes_running", "Cluster nodes this node sees running",
                                labels=[])
-        up.add_metric([], len(v.online(node, nodes)))
+        up.add_metric([], len(v.online(port, nodes)))
         yield up
         size = GaugeMetricFamily("qq_cluster_nodes", "Cluster nodes", labels=[])
         size.add_metric([], len(nodes))
         yield size
         meta = GaugeMetricFamily("qq_metadata_is_leader",
                                  "1 when this node leads the metadata group", labels=[])
-        meta.add_metric([], 1 if node.meta.group.is_leader else 0)
+        meta.add_metric([], 1 if status.metadata_is_leader else 0)
         yield meta
-        alarms = node.alarms
+        alarms = port.alarm_status()
         for name, doc, flag in (
                 ("rabbitmq_alarms_free_disk_space_watermark",
                  "is 1 if free disk space watermark alarm is in effect", "disk" in alarms.local),
@@ -241,27 +223,26 @@ class NodeCollector(Collector):
         stopped = GaugeMetricFamily("qq_raft_groups_stopped",
                                     "Raft groups on this node stopped by a broken invariant or a "
                                     "storage failure (see /api/health/checks/raft-groups)", labels=[])
-        stopped.add_metric([], len(node.stopped_members()))
+        stopped.add_metric([], len(port.stopped_members()))
         yield stopped
-        mst = node.meta.group.node.status()
         mt = GaugeMetricFamily("qq_metadata_raft_commit_index", "Metadata group commit index",
                                labels=[])
-        mt.add_metric([], mst.commit)
+        mt.add_metric([], status.metadata_commit_index)
         yield mt
         # untyped, as rabbitmq_prometheus exposes it
         info = UnknownMetricFamily("rabbitmq_identity_info", "Node identity",
                                    labels=["rabbitmq_node", "rabbitmq_cluster"])
-        info.add_metric([node.node_name, min(nodes)], 1)
+        info.add_metric([port.node_name, min(nodes)], 1)
         yield info
 
 
-def make_registry(node: Any, sampler: GroupSampler | None = None) -> CollectorRegistry:
+def make_registry(port: ManagementPort, sampler: GroupSampler | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NodeCollector(node, sampler))
+    registry.register(NodeCollector(port, sampler))
     return registry
 
 
-def metrics_app(node: Any, registry: CollectorRegistry) -> web.Application:
+def metrics_app(registry: CollectorRegistry) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -6,8 +6,8 @@ true. Every node reconciles the quorum queues whose leader it holds: a queue
 with fewer members than its target group size grows onto online nodes that
 hold no member of it (least loaded first); with `auto_remove`, members on
 nodes that are no longer cluster members are removed. The decisions are the
-pure function `plan()`; the changes go through `node.membership` (the same
-operations as the API's add/delete member).
+pure function `plan()`; the changes go through the management port's
+membership operations (the same as the API's add/delete member).
 
 Target group size: the queue's `x-quorum-target-group-size` argument, else
 the `target-group-size` policy key, raised by an operator policy's value
@@ -25,11 +25,11 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from broker import metadata as md
 
 from . import views as v
+from .port import ManagementPort, PortError
 
 log = logging.getLogger("broker.mgmt.reconcile")
 
@@ -108,9 +108,9 @@ class Reconciler:
     """The node's CMR task. `runs` counts completed reconciliations and
     `last_actions` holds what the last one did (for logs and tests)."""
 
-    def __init__(self, node: Any, interval_s: float, trigger_s: float, target: int,
+    def __init__(self, port: ManagementPort, interval_s: float, trigger_s: float, target: int,
                  auto_remove: bool) -> None:
-        self.node = node
+        self.port = port
         self.interval_s = interval_s
         self.trigger_s = trigger_s
         self.target = target
@@ -120,10 +120,10 @@ class Reconciler:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_config(cls, node: Any) -> Reconciler:
+    def from_config(cls, port: ManagementPort) -> Reconciler:
         key = "quorum_queue.continuous_membership_reconciliation."
-        cfg = node.config
-        return cls(node, cfg[key + "interval"] / 1000, cfg[key + "trigger_interval"] / 1000,
+        cfg = port.config
+        return cls(port, cfg[key + "interval"] / 1000, cfg[key + "trigger_interval"] / 1000,
                    cfg[key + "target_group_size"], cfg[key + "auto_remove"])
 
     def start(self) -> Reconciler:
@@ -138,9 +138,10 @@ class Reconciler:
             except asyncio.CancelledError:
                 pass
 
-    def _fingerprint(self) -> Any:
-        state = self.node.meta.state
-        return (tuple(v.cluster_nodes(self.node)), frozenset(state.policies.values()),
+    def _fingerprint(self) -> tuple[tuple[str, ...], frozenset[md.PolicyRecord],
+                                    frozenset[md.PolicyRecord]]:
+        state = self.port.metadata()
+        return (tuple(self.port.cluster_nodes()), frozenset(state.policies.values()),
                 frozenset(state.operator_policies.values()))
 
     async def _run(self) -> None:
@@ -162,17 +163,14 @@ class Reconciler:
                 next_run, triggered_at = time.monotonic() + self.interval_s, None
 
     def _led_here(self) -> list[md.QueueRecord]:
-        out = []
-        for r in self.node.meta.state.queues.values():
-            q = self.node.queues.get((r.vhost, r.name))
-            if r.type == "quorum" and getattr(q, "group", None) is not None and q.is_leader:
-                out.append(r)
-        return out
+        led = {(m.vhost, m.name) for m in self.port.raft_members() if m.is_leader}
+        return [r for r in self.port.metadata().queues.values()
+                if r.type == "quorum" and (r.vhost, r.name) in led]
 
     async def reconcile(self) -> list[tuple[Action, str]]:
         """One round over the queues led here; returns (action, "ok" or reason)."""
-        node = self.node
-        state = node.meta.state
+        port = self.port
+        state = port.metadata()
         load: dict[str, int] = {}
         for r in state.queues.values():
             if r.type == "quorum":
@@ -180,19 +178,19 @@ class Reconciler:
                     load[m] = load.get(m, 0) + 1
         queues = [QueueMembers(r.vhost, r.name, tuple(r.members),
                                target_size(state, r, self.target)) for r in self._led_here()]
-        nodes = v.cluster_nodes(node)
-        actions = plan(queues, nodes, v.online(node, nodes), self.auto_remove, load)
+        nodes = port.cluster_nodes()
+        actions = plan(queues, nodes, v.online(port, nodes), self.auto_remove, load)
         done: list[tuple[Action, str]] = []
         for a in actions:
             try:
                 if isinstance(a, AddMember):
-                    await node.membership.add_member(a.vhost, a.name, a.node)
+                    await port.add_member(a.vhost, a.name, a.node)
                 else:
-                    await node.membership.delete_member(a.vhost, a.name, a.node)
+                    await port.delete_member(a.vhost, a.name, a.node)
                 outcome = "ok"
                 log.info("reconciliation: %s", a)
             except Exception as exc:  # noqa: BLE001 - one queue's failure does not stop the rest
-                outcome = str(getattr(exc, "reason", exc))
+                outcome = exc.text if isinstance(exc, PortError) else str(exc)
                 log.warning("reconciliation: %s failed: %s", a, outcome)
             done.append((a, outcome))
         self.last_actions = done

@@ -1,7 +1,8 @@
 """Start and stop the management services of one node.
 
 Where it sits: called by `Node.start()` / `Node.stop()` (the runtime hands
-itself in; this package never imports it). Each listener runs only when its
+in its management port, `broker.runtime.mgmt_port.NodePort`; this package
+never imports the runtime). Each listener runs only when its
 port is non-zero: `management.tcp.port` / `management.tcp.bind`,
 `management.ssl.port` (HTTPS, `management.ssl.*`), `prometheus.tcp.port` /
 `prometheus.tcp.bind` and `prometheus.ssl.port` (`prometheus.ssl.*`); the
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any
 
 from aiohttp import web
 
@@ -21,6 +21,7 @@ from broker.common.tls import server_context
 
 from .api import make_app
 from .metrics import GroupSampler, make_registry, metrics_app
+from .port import ManagementPort
 from .reconcile import Reconciler
 
 log = logging.getLogger("broker.mgmt")
@@ -30,8 +31,8 @@ class ManagementServers:
     """The node's HTTP listeners. `management_port` / `metrics_port` are the
     bound ports (0 when that listener is off)."""
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
+    def __init__(self, port: ManagementPort) -> None:
+        self.port = port
         self.management_port = 0
         self.metrics_port = 0
         self.management_tls_port = 0
@@ -41,36 +42,36 @@ class ManagementServers:
         self._runners: list[web.AppRunner] = []
 
     async def start(self) -> ManagementServers:
-        cfg = self.node.config
+        cfg = self.port.config
         if cfg["management.tcp.port"]:
             self.management_port = await self._serve(
-                make_app(self.node), cfg["management.tcp.bind"], cfg["management.tcp.port"])
-            log.info("node %s: management API on %s:%d", self.node.node_name,
+                make_app(self.port), cfg["management.tcp.bind"], cfg["management.tcp.port"])
+            log.info("node %s: management API on %s:%d", self.port.node_name,
                      cfg["management.tcp.bind"], self.management_port)
         if cfg["management.ssl.port"]:
             self.management_tls_port = await self._serve(
-                make_app(self.node), cfg["management.ssl.bind"], cfg["management.ssl.port"],
-                server_context(cfg, "management.ssl"))
-            log.info("node %s: management API over HTTPS on %s:%d", self.node.node_name,
+                make_app(self.port), cfg["management.ssl.bind"], cfg["management.ssl.port"],
+                server_context(cfg.values, "management.ssl"))
+            log.info("node %s: management API over HTTPS on %s:%d", self.port.node_name,
                      cfg["management.ssl.bind"], self.management_tls_port)
         if cfg["prometheus.tcp.port"] or cfg["prometheus.ssl.port"]:
-            self.sampler = GroupSampler(self.node)
+            self.sampler = GroupSampler(self.port)
             self.sampler.start()
-            registry = make_registry(self.node, self.sampler)
+            registry = make_registry(self.port, self.sampler)
             if cfg["prometheus.tcp.port"]:
                 self.metrics_port = await self._serve(
-                    metrics_app(self.node, registry), cfg["prometheus.tcp.bind"],
+                    metrics_app(registry), cfg["prometheus.tcp.bind"],
                     cfg["prometheus.tcp.port"])
-                log.info("node %s: metrics on %s:%d", self.node.node_name,
+                log.info("node %s: metrics on %s:%d", self.port.node_name,
                          cfg["prometheus.tcp.bind"], self.metrics_port)
             if cfg["prometheus.ssl.port"]:
                 self.metrics_tls_port = await self._serve(
-                    metrics_app(self.node, registry), cfg["prometheus.ssl.bind"],
-                    cfg["prometheus.ssl.port"], server_context(cfg, "prometheus.ssl"))
-                log.info("node %s: metrics over HTTPS on %s:%d", self.node.node_name,
+                    metrics_app(registry), cfg["prometheus.ssl.bind"],
+                    cfg["prometheus.ssl.port"], server_context(cfg.values, "prometheus.ssl"))
+                log.info("node %s: metrics over HTTPS on %s:%d", self.port.node_name,
                          cfg["prometheus.ssl.bind"], self.metrics_tls_port)
         if cfg["quorum_queue.continuous_membership_reconciliation.enabled"]:
-            self.reconciler = Reconciler.from_config(self.node).start()
+            self.reconciler = Reconciler.from_config(self.port).start()
         return self
 
     async def _serve(self, app: web.Application, bind: str, port: int,
@@ -94,5 +95,5 @@ class ManagementServers:
         self._runners.clear()
 
 
-async def start_servers(node: Any) -> ManagementServers:
-    return await ManagementServers(node).start()
+async def start_servers(port: ManagementPort) -> ManagementServers:
+    return await ManagementServers(port).start()

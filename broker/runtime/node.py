@@ -226,7 +226,9 @@ class Node:
                 or cfg["quorum_queue.continuous_membership_reconciliation.enabled"]:
             from broker.mgmt import start_servers
 
-            self.mgmt = await start_servers(self)
+            from .mgmt_port import NodePort
+
+            self.mgmt = await start_servers(NodePort(self))
 
     async def stop(self) -> None:
         # From here on, callbacks from storage threads and late Readies must
