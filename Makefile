@@ -48,7 +48,7 @@ chaos: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker tests bench
-	$(VENV)/bin/mypy broker/raft broker/queue broker/storage broker/metadata broker/amqp broker/common
+	$(VENV)/bin/mypy broker/raft broker/queue broker/storage broker/metadata broker/amqp broker/common broker/mgmt
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data
