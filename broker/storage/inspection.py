@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from . import codec
 from .errors import CorruptionError, CorruptSegmentError
-from .manager import GROUP_FILE, SEG_SUFFIX, _seq_of, _snapshot_files
+from .files import GROUP_FILE, SEG_SUFFIX, seq_of
+from .snapshots import snapshot_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ def read_segment_info(path: str, group_id: str = "") -> SegmentInfo:
     finally:
         os.close(fd)
     name = os.path.basename(path)
-    seq = _seq_of(name, SEG_SUFFIX)
+    seq = seq_of(name, SEG_SUFFIX)
     if seq is None:
         raise CorruptSegmentError(f"{path}: not a segment file name")
     return SegmentInfo(
@@ -84,7 +85,7 @@ def scan_group(group_path: str) -> GroupInfo:
     infos: list[SegmentInfo] = []
     segdir = os.path.join(group_path, "segments")
     for name in sorted(os.listdir(segdir)) if os.path.isdir(segdir) else []:
-        if _seq_of(name, SEG_SUFFIX) is None:
+        if seq_of(name, SEG_SUFFIX) is None:
             continue
         try:
             infos.append(read_segment_info(os.path.join(segdir, name), gid))
@@ -105,7 +106,7 @@ def scan_group(group_path: str) -> GroupInfo:
 def _latest_snapshot_header(snapdir: str) -> tuple[int, int] | None:
     """(index, term) of the newest snapshot whose header and length check out
     (the body checksum is not verified here: that needs the whole file)."""
-    for _index, path in _snapshot_files(snapdir):
+    for _index, path in snapshot_files(snapdir):
         try:
             with open(path, "rb") as f:
                 head = f.read(codec.SNAP_HEADER_SIZE)

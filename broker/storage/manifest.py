@@ -15,8 +15,8 @@ from typing import Any
 
 from . import codec
 from .errors import CorruptionError
+from .files import CORRUPT_MARKER, GROUP_FILE, SEG_SUFFIX, WAL_SUFFIX, seq_of
 from .inspection import _latest_snapshot_header, read_segment_info
-from .manager import CORRUPT_MARKER, GROUP_FILE, SEG_SUFFIX, WAL_SUFFIX, _seq_of
 
 
 def _size(path: str) -> int | None:
@@ -61,7 +61,7 @@ def group_manifest(group_path: str) -> dict[str, Any]:
     infos = []
     errors = []
     for name in _listdir(segdir):
-        if _seq_of(name, SEG_SUFFIX) is None:
+        if seq_of(name, SEG_SUFFIX) is None:
             continue
         try:
             infos.append(read_segment_info(os.path.join(segdir, name), gid))
@@ -93,7 +93,7 @@ def group_usage(group_path: str) -> dict[str, int]:
     """One group directory's files, sizes only (stat()s, no header read):
     segment files and bytes, snapshot bytes."""
     segdir, snapdir = os.path.join(group_path, "segments"), os.path.join(group_path, "snapshots")
-    seg = [s for n in _listdir(segdir) if _seq_of(n, SEG_SUFFIX) is not None
+    seg = [s for n in _listdir(segdir) if seq_of(n, SEG_SUFFIX) is not None
            and (s := _size(os.path.join(segdir, n))) is not None]
     snap = sum(_size(os.path.join(snapdir, n)) or 0 for n in _listdir(snapdir))
     return {"segment_files": len(seg), "segment_bytes": sum(seg), "snapshot_bytes": snap}
@@ -106,7 +106,7 @@ def node_usage(data_dir: str) -> dict[str, int]:
     node figures."""
     waldir, groups_dir = os.path.join(data_dir, "wal"), os.path.join(data_dir, "groups")
     out = {"wal_bytes": sum(_size(os.path.join(waldir, n)) or 0 for n in _listdir(waldir)
-                            if _seq_of(n, WAL_SUFFIX) is not None),
+                            if seq_of(n, WAL_SUFFIX) is not None),
            "segment_files": 0, "segment_bytes": 0, "snapshot_bytes": 0}
     for name in _listdir(groups_dir):
         if not name.startswith("."):
@@ -120,7 +120,7 @@ def node_manifest(data_dir: str) -> dict[str, Any]:
     `data_dir`), its WAL files, deletions in progress and the volume's size."""
     wal = []
     for name in _listdir(os.path.join(data_dir, "wal")):
-        seq = _seq_of(name, WAL_SUFFIX)
+        seq = seq_of(name, WAL_SUFFIX)
         size = _size(os.path.join(data_dir, "wal", name))
         if seq is not None and size is not None:
             wal.append({"file": name, "seq": seq, "bytes": size})
