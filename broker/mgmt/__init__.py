@@ -7,7 +7,8 @@ one typed port (`port.ManagementPort`, implemented by
 `broker.runtime.mgmt_port.NodePort`); it never imports `broker.runtime`.
 `broker.cli` (qqctl) is its client.
 """
-from .api import ApiError, make_app
+from .api import make_app
+from .api_common import ApiError
 from .metrics import GroupSampler, NodeCollector, make_registry, metrics_app
 from .openapi import openapi_document
 from .reconcile import AddMember, QueueMembers, Reconciler, RemoveMember, plan
