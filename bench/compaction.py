@@ -139,7 +139,7 @@ def main() -> None:
     n = args.entries
     try:
         t0 = time.monotonic()
-        with LogManager(path, cfg, rng=rng) as m:
+        with LogManager.open(path, cfg, rng=rng) as m:
             log = m.open_group(GROUP)
             batch = 2000
             for lo in range(1, n + 1, batch):
@@ -149,7 +149,7 @@ def main() -> None:
                     m.sync()
             m.sync()
         # a restart flushes the WAL into segments: the whole log is on disk as segments
-        with LogManager(path, cfg, rng=rng) as m:
+        with LogManager.open(path, cfg, rng=rng) as m:
             log = m.open_group(GROUP)
             seg_dir = os.path.join(log.path, "segments")
             t1 = time.monotonic()
@@ -163,7 +163,7 @@ def main() -> None:
             after = usage(seg_dir)
             assert log.entries(args.pinned, args.pinned + 1)[0].data == data
             assert [e.index for e in log.entries(snap_at, n + 1)] == list(range(snap_at, n + 1))
-        with LogManager(path, cfg, rng=rng) as m:  # and after a restart
+        with LogManager.open(path, cfg, rng=rng) as m:  # and after a restart
             log = m.open_group(GROUP)
             assert log.entries(args.pinned, args.pinned + 1)[0].data == data
             restarted = usage(seg_dir)

@@ -34,7 +34,7 @@ def segment_files(root: Path) -> list[Path]:
 
 def write(root: Path, target: int, groups: int = 100, seed: int = 7) -> None:
     rng = random.Random(seed)
-    mgr = LogManager(root, StorageConfig(wal_max_size_bytes=1 << 20, segment_max_entries=16,
+    mgr = LogManager.open(root, StorageConfig(wal_max_size_bytes=1 << 20, segment_max_entries=16,
                                          sync_method="none"), rng=random.Random(seed))
     logs = [mgr.open_group(f"/bench-{g}/1") for g in range(groups)]
     nxt = [1] * groups

@@ -57,7 +57,7 @@ def run(directory: str, ngroups: int, seconds: float, window: int, chunk: int,
             cv.notify()
 
     cfg = StorageConfig(wal_max_size_bytes=wal_max, sync_method=sync)  # type: ignore[arg-type]
-    mgr = LogManager(data_dir, cfg, on_durable=on_durable)
+    mgr = LogManager.open(data_dir, cfg, on_durable=on_durable)
     try:
         names = [f"%2F/bench-{n}" for n in range(ngroups)]
         logs = [mgr.open_group(g) for g in names]

@@ -131,7 +131,7 @@ class Node:
             if cfg[f"{prefix}.port"]:
                 server_context(cfg, prefix)  # refuse bad files now, not after the cluster formed
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.storage = st.LogManager(
+        self.storage = st.LogManager.open(
             self.data_dir / "raft",
             st.StorageConfig(wal_max_size_bytes=self.config["raft.wal_max_size_bytes"],
                              segment_max_entries=self.config["raft.segment_max_entries"]),

@@ -7,7 +7,7 @@ persistence only once `on_durable` says the entries/hard state are on disk.
 
 API (see docs/STORAGE.md for formats and directory layout):
 
-    mgr = LogManager(data_dir, StorageConfig(...), on_durable=cb, on_error=ecb)
+    mgr = LogManager.open(data_dir, StorageConfig(...), on_durable=cb, on_error=ecb)
     log = mgr.open_group("%2F/orders")          # recovers that group
     log.append([Entry(index, term, data, kind)])  # non-blocking; overwrite if index <= last
     log.set_hard_state(HardState(term, voted_for, commit))

@@ -9,8 +9,8 @@ fdatasync. When the WAL rolls over, the segment-writer thread here flushes
 the old file's entries into per-group segment files (segments.py) and then
 deletes the old WAL.
 
-The constructor takes the directory lock and recovers (recovery.py) before
-starting the threads.
+`LogManager.open(data_dir, ...)` takes the directory lock and recovers
+(recovery.py) before starting the threads; the constructor only sets fields.
 
 Owns: the open groups (`_groups`), the node lock and `NodeShared` (what the
 groups share with it: lock, config, WAL, segment cache, closed flag), the
@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 
 class LogManager:
     """Storage of one node: the shared WAL (group commit), per-group segment
-    files and snapshots, under `data_dir`. Recovery runs in the constructor."""
+    files and snapshots, under `data_dir`. Obtain it with `LogManager.open()`,
+    which recovers; a LogManager only constructed is closed."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class LogManager:
         on_error: OnError | None = None,
         rng: RandomSource | None = None,
     ) -> None:
+        """Fields only, no I/O: use `LogManager.open()`."""
         self.config = config if config is not None else StorageConfig()
         self.data_dir = os.fspath(data_dir)
         self._wal_dir = os.path.join(self.data_dir, "wal")
@@ -99,7 +101,23 @@ class LogManager:
         self._flushed_cv = threading.Condition()
         self._flusher = threading.Thread(target=self._flusher_loop, name="qq-segment-writer",
                                          daemon=True)
-        self._recover_and_start()
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | os.PathLike[str],
+        config: StorageConfig | None = None,
+        on_durable: OnDurable | None = None,
+        on_error: OnError | None = None,
+        rng: RandomSource | None = None,
+    ) -> LogManager:
+        """Lock `data_dir`, recover it (docs/STORAGE.md "Recovery"), start the
+        WAL writer and segment writer threads. Raises StorageError if another
+        LogManager has the directory, StorageIOError if recovery fails
+        (nothing was deleted then)."""
+        mgr = cls(data_dir, config, on_durable, on_error, rng)
+        mgr._recover_and_start()
+        return mgr
 
     def _recover_and_start(self) -> None:
         makedirs_durable(self._wal_dir)

@@ -64,7 +64,7 @@ class Rig:
         def error(g: str, exc: BaseException) -> None:
             loop.call_soon_threadsafe(lambda: holder["q"].on_storage_error(exc) if "q" in holder else None)
 
-        self.mgr = st.LogManager(self.path, st.StorageConfig(wal_max_size_bytes=256 << 10, segment_max_entries=64),
+        self.mgr = st.LogManager.open(self.path, st.StorageConfig(wal_max_size_bytes=256 << 10, segment_max_entries=64),
                                  on_durable=durable, on_error=error)
         glog = self.mgr.open_group(group_id("/", "cq", 1))
         q = DurableClassicQueue(Host(), "/", "cq", qm.QueueConfig(name="cq", vhost="/"), glog,

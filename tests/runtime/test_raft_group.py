@@ -24,7 +24,7 @@ class Member:
         self.name = name
         self.applied: list[tuple[int, Any]] = []
         loop = asyncio.get_running_loop()
-        self.mgr = st.LogManager(
+        self.mgr = st.LogManager.open(
             data, st.StorageConfig(wal_max_size_bytes=64 * 1024),
             on_durable=lambda g, i, t: loop.call_soon_threadsafe(self._durable),
         )
@@ -162,14 +162,14 @@ async def test_member_restarting_with_only_an_uncommitted_config_entry_can_still
     loop = asyncio.get_running_loop()
     learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
     data = encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner)
-    mgr = st.LogManager(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024))
+    mgr = st.LogManager.open(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024))
     glog = mgr.open_group("g1")
     glog.append([st.Entry(1, 1, b"", EntryKind.NOOP.value),
                  st.Entry(2, 1, data, EntryKind.CONFIG.value)])
     glog.set_hard_state(st.HardState(1, "n1", 1))  # entry 2 not committed
     mgr.sync()
     mgr.close()
-    mgr = st.LogManager(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024),
+    mgr = st.LogManager.open(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024),
                         on_durable=lambda g, i, t: loop.call_soon_threadsafe(lambda: group.on_durable()))
     applied: list[Any] = []
     try:

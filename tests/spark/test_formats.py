@@ -18,7 +18,7 @@ from spark import io as sio
 def write_node(root: Path, seed: int = 3) -> None:
     """Three groups, overwrites and a snapshot, across many WAL roll-overs."""
     rng = random.Random(seed)
-    mgr = LogManager(root, StorageConfig(wal_max_size_bytes=8192, segment_max_entries=8,
+    mgr = LogManager.open(root, StorageConfig(wal_max_size_bytes=8192, segment_max_entries=8,
                                          sync_method="none"), rng=random.Random(seed))
     logs = [mgr.open_group(f"/q{i}/1") for i in range(3)]
     for n in range(1, 121):

@@ -60,7 +60,7 @@ class Durable:
 def manager(path: Path, config: StorageConfig = TINY, durable: Durable | None = None
             ) -> Iterator[LogManager]:
     d = durable
-    m = LogManager(path, config,
+    m = LogManager.open(path, config,
                    on_durable=d.on_durable if d else None,
                    on_error=d.on_error if d else None,
                    rng=random.Random(len(str(path))))

@@ -211,7 +211,7 @@ def _crash_child(path: Path, wfd: int, seed: int, rnd: int, stage: str | None
         os.write(wfd, (line + "\n").encode())
 
     try:
-        m = LogManager(path, CRASH_CFG, on_durable=lambda g, i, t: out(f"D {i}"), rng=rng)
+        m = LogManager.open(path, CRASH_CFG, on_durable=lambda g, i, t: out(f"D {i}"), rng=rng)
         log = m.open_group(G)
         if stage is not None:
             def hook(at: str) -> None:
@@ -305,7 +305,7 @@ def _run(path: Path, rng: random.Random, t: _Track, stage: str | None) -> None:
 
 
 def _verify(path: Path, t: _Track) -> None:
-    with LogManager(path, CRASH_CFG) as m:
+    with LogManager.open(path, CRASH_CFG) as m:
         log = m.open_group(G)
         snap = log.snapshot_meta()
         s = snap.index if snap else 0

@@ -48,7 +48,7 @@ def test_concurrent_groups_with_background_rollover(tmp_path: Path) -> None:
     d = Durable()
     refs: dict[str, dict[int, Entry]] = {f"g{n}": {} for n in range(THREADS)}
     failures: list[BaseException] = []
-    with LogManager(tmp_path, CFG, on_durable=d.on_durable, rng=random.Random(1)) as m:
+    with LogManager.open(tmp_path, CFG, on_durable=d.on_durable, rng=random.Random(1)) as m:
         threads = [threading.Thread(target=_worker, args=(m, g, n, refs[g], failures))
                    for n, g in enumerate(refs)]
         for t in threads:
@@ -64,6 +64,6 @@ def test_concurrent_groups_with_background_rollover(tmp_path: Path) -> None:
             assert read_all(log) == [ref[i] for i in sorted(ref)]
             assert log.durable_index() == max(ref)
             assert d.latest[g] == (max(ref), ref[max(ref)].term)
-    with LogManager(tmp_path, CFG) as m:
+    with LogManager.open(tmp_path, CFG) as m:
         for g, ref in refs.items():
             assert read_all(m.open_group(g)) == [ref[i] for i in sorted(ref)]

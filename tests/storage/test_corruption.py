@@ -32,7 +32,7 @@ N = 30
 def _wal_dir_with(path: Path, layout: str) -> Path:
     """A closed node whose WAL holds group a's and b's entries 1..N (in `layout`
     order: "interleaved" or "a-then-b"). close() leaves the WAL unflushed."""
-    with LogManager(path, BIG_WAL) as m:
+    with LogManager.open(path, BIG_WAL) as m:
         a, b = m.open_group("a"), m.open_group("b")
         if layout == "interleaved":
             for i in range(1, N + 1):
@@ -51,7 +51,7 @@ def _wal_dir_with(path: Path, layout: str) -> Path:
 def _segment_dir_with(path: Path) -> list[Path]:
     """Groups a and b with entries 1..N in segment files (a restart flushes the WAL)."""
     _wal_dir_with(path, "interleaved")
-    LogManager(path, BIG_WAL).close()
+    LogManager.open(path, BIG_WAL).close()
     return sorted((path / "groups" / "a" / "segments").iterdir())
 
 
@@ -79,7 +79,7 @@ def test_wal_truncated_at_random_byte_recovers_a_prefix(tmp_path: Path) -> None:
         shutil.copytree(tmp_path / "orig", d)
         cut = rng.randrange(0, size)
         os.truncate(d / "wal" / wal.name, cut)
-        with LogManager(d, BIG_WAL) as m:
+        with LogManager.open(d, BIG_WAL) as m:
             for g in ("a", "b"):
                 outcome = _check_prefix_or_error(m, g)
                 assert outcome != "error", "a torn tail is not corruption"
@@ -100,14 +100,14 @@ def test_wal_bit_flip_is_reported_or_cut_never_served(tmp_path: Path) -> None:
         buf = bytearray(data)
         buf[pos] ^= 1 << rng.randrange(8)
         (d / "wal" / wal.name).write_bytes(bytes(buf))
-        with LogManager(d, BIG_WAL) as m:
+        with LogManager.open(d, BIG_WAL) as m:
             out_a = _check_prefix_or_error(m, "a")
             out_b = _check_prefix_or_error(m, "b")
         # records of both groups follow the damage: neither may silently lose them
         assert out_a == "error" and out_b == "error", (pos, out_a, out_b)
         errors += 1
         # the failure is remembered across restarts (the WAL is gone by now)
-        with LogManager(d, BIG_WAL) as m, pytest.raises(CorruptWalError):
+        with LogManager.open(d, BIG_WAL) as m, pytest.raises(CorruptWalError):
             m.open_group("a")
     assert errors == 24
 
@@ -120,7 +120,7 @@ def test_wal_bit_flip_in_one_groups_tail_spares_the_other(tmp_path: Path) -> Non
     buf = bytearray(data)
     buf[len(data) - 200] ^= 0x10  # inside b's last record(s)
     (d / "wal" / wal.name).write_bytes(bytes(buf))
-    with LogManager(d, BIG_WAL) as m:
+    with LogManager.open(d, BIG_WAL) as m:
         assert _check_prefix_or_error(m, "a") == "full"
         assert _check_prefix_or_error(m, "b") in ("prefix", "error")
 
@@ -128,7 +128,7 @@ def test_wal_bit_flip_in_one_groups_tail_spares_the_other(tmp_path: Path) -> Non
 def test_torn_header_of_newest_wal_is_ignored(tmp_path: Path) -> None:
     _wal_dir_with(tmp_path, "interleaved")
     (tmp_path / "wal" / f"{99:020d}.wal").write_bytes(b"QQW")
-    with LogManager(tmp_path, BIG_WAL) as m:
+    with LogManager.open(tmp_path, BIG_WAL) as m:
         assert _check_prefix_or_error(m, "a") == "full"
         assert len(m.wal_files()) == 1
 
@@ -141,7 +141,7 @@ def test_segment_truncated_at_random_byte_stops_only_that_group(tmp_path: Path) 
         shutil.copytree(tmp_path / "orig", d)
         victim = d / "groups" / "a" / "segments" / rng.choice(segs).name
         os.truncate(victim, rng.randrange(0, victim.stat().st_size))
-        with LogManager(d, BIG_WAL) as m:
+        with LogManager.open(d, BIG_WAL) as m:
             with pytest.raises(CorruptSegmentError):
                 read_all(m.open_group("a"))
             assert _check_prefix_or_error(m, "b") == "full"
@@ -159,7 +159,7 @@ def test_segment_bit_flip_is_detected_and_stops_only_that_group(tmp_path: Path) 
         pos = rng.randrange(len(buf))
         buf[pos] ^= 1 << rng.randrange(8)
         victim.write_bytes(bytes(buf))
-        with LogManager(d, BIG_WAL) as m:
+        with LogManager.open(d, BIG_WAL) as m:
             outcome = _check_prefix_or_error(m, "a")
             # a flip in the unused, preallocated index slots changes nothing
             assert outcome in ("error", "full"), outcome
@@ -172,7 +172,7 @@ def test_segment_bit_flip_is_detected_and_stops_only_that_group(tmp_path: Path) 
 
 
 def test_half_written_snapshot_falls_back_to_the_previous_one(tmp_path: Path) -> None:
-    with LogManager(tmp_path, BIG_WAL) as m:
+    with LogManager.open(tmp_path, BIG_WAL) as m:
         log = m.open_group("a")
         log.append(entries("a", 1, 21, 1))
         log.save_snapshot(5, 1, b"c5", b"state5")
@@ -182,7 +182,7 @@ def test_half_written_snapshot_falls_back_to_the_previous_one(tmp_path: Path) ->
     # a crash mid-write leaves a tmp file; a damaged final file must not win either
     (snapdir / (f"{15:020d}_{1:020d}.snapshot.tmp")).write_bytes(newest.read_bytes()[:30])
     (snapdir / (f"{12:020d}_{1:020d}.snapshot")).write_bytes(newest.read_bytes()[:-3])
-    with LogManager(tmp_path, BIG_WAL) as m:
+    with LogManager.open(tmp_path, BIG_WAL) as m:
         log = m.open_group("a")
         snap = log.latest_snapshot()
         assert snap is not None and (snap.meta.index, snap.data) == (9, b"state9")
@@ -191,7 +191,7 @@ def test_half_written_snapshot_falls_back_to_the_previous_one(tmp_path: Path) ->
     buf = bytearray(newest.read_bytes())
     buf[-1] ^= 1
     newest.write_bytes(bytes(buf))
-    with LogManager(tmp_path, BIG_WAL) as m:
+    with LogManager.open(tmp_path, BIG_WAL) as m:
         snap = m.open_group("a").latest_snapshot()
         assert snap is not None and (snap.meta.index, snap.data) == (5, b"state5")
 
@@ -202,7 +202,7 @@ def test_corrupt_newest_snapshot_after_the_log_was_released_stops_the_group(tmp_
     newest snapshot (20) were released, so snapshot 5 plus the log would skip
     entries 6..: the group must refuse to open, not serve a gap."""
     cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4)
-    with LogManager(tmp_path, cfg) as m:
+    with LogManager.open(tmp_path, cfg) as m:
         log = m.open_group("a")
         log.append(entries("a", 1, 31, 1))
         m.sync()
@@ -215,7 +215,7 @@ def test_corrupt_newest_snapshot_after_the_log_was_released_stops_the_group(tmp_
     buf = bytearray(newest.read_bytes())
     buf[-1] ^= 1
     newest.write_bytes(bytes(buf))
-    with LogManager(tmp_path, cfg) as m:
+    with LogManager.open(tmp_path, cfg) as m:
         with pytest.raises(CorruptSnapshotError, match="no longer holds"):
             m.open_group("a")
         m.open_group("b").append(entries("b", 1, 3, 1))  # other groups unaffected

@@ -41,7 +41,7 @@ def _child(path: Path, wfd: int, seed: int) -> None:  # pragma: no cover - runs 
         out(f"D {g} {i} {t}")
 
     try:
-        m = LogManager(path, CFG, on_durable=on_durable, rng=rng)
+        m = LogManager.open(path, CFG, on_durable=on_durable, rng=rng)
         logs = {g: m.open_group(g) for g in GROUPS}
         term = {}
         for g, log in logs.items():
@@ -190,7 +190,7 @@ def _run_child_and_kill(path: Path, rng: random.Random, tracks: dict[str, GroupT
 
 
 def _verify(path: Path, tracks: dict[str, GroupTrack]) -> None:
-    with LogManager(path, CFG) as m:
+    with LogManager.open(path, CFG) as m:
         for g in GROUPS:
             t = tracks[g]
             log = m.open_group(g)

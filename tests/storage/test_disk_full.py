@@ -26,7 +26,7 @@ def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: 
         filler = mnt / "filler"
         filler.write_bytes(b"\0" * (256 * 1024))
         d = Durable()
-        with LogManager(mnt / "node", CFG, on_durable=d.on_durable, on_error=d.on_error) as m:
+        with LogManager.open(mnt / "node", CFG, on_durable=d.on_durable, on_error=d.on_error) as m:
             a, b = m.open_group("a"), m.open_group("b")
             b.append([Entry(1, 1, payload("b", 1, 1, 100))])
             m.sync()
@@ -59,10 +59,10 @@ def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: 
         # (and nothing deleted) while the disk is full, success once it is grown
         fill_disk(mnt / "filler2")
         with pytest.raises(StorageIOError) as info:
-            LogManager(mnt / "node", CFG)
+            LogManager.open(mnt / "node", CFG)
         assert info.value.errno == errno.ENOSPC
         subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)], check=True)
-        with LogManager(mnt / "node", CFG) as m:
+        with LogManager.open(mnt / "node", CFG) as m:
             a = m.open_group("a")
             assert read_all(a) == [Entry(k, 1, payload("a", k, 1, 4096)) for k in range(1, i + 1)]
             assert read_all(m.open_group("b")) == [Entry(1, 1, payload("b", 1, 1, 100))]
@@ -79,7 +79,7 @@ def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None
         cfg = StorageConfig(wal_max_size_bytes=16 * 1024, segment_max_entries=4096,
                             stagger_first_roll_over=False)
         d = Durable()
-        with LogManager(mnt / "node", cfg, on_durable=d.on_durable, on_error=d.on_error) as m:
+        with LogManager.open(mnt / "node", cfg, on_durable=d.on_durable, on_error=d.on_error) as m:
             log = m.open_group("a")
             filler = mnt / "filler"
             fill_disk(filler)
@@ -99,7 +99,7 @@ def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None
             assert m.wait_flushed(30)
             assert len(m.wal_files()) == 1 and log.segment_files()
             assert read_all(log) == written
-        with LogManager(mnt / "node", cfg) as m:
+        with LogManager.open(mnt / "node", cfg) as m:
             assert read_all(m.open_group("a")) == written
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
@@ -116,7 +116,7 @@ def test_opening_a_new_group_on_a_full_disk_is_a_storage_error(tmp_path: Path) -
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
     try:
-        with LogManager(mnt / "node", CFG) as m:
+        with LogManager.open(mnt / "node", CFG) as m:
             filler = mnt / "filler"
             fill_disk(filler)
             with pytest.raises(StorageIOError) as err:

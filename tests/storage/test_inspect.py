@@ -12,7 +12,7 @@ from .helpers import entries, read_all
 def test_scan_node_live_ranges_match_what_the_log_serves(tmp_path: Path) -> None:
     cfg = StorageConfig(wal_max_size_bytes=1024, segment_max_entries=4,
                         stagger_first_roll_over=False)
-    with LogManager(tmp_path, cfg) as m:
+    with LogManager.open(tmp_path, cfg) as m:
         a, b = m.open_group("%2F/a"), m.open_group("b")
         a.append(entries("a", 1, 30, 1))
         b.append(entries("b", 1, 10, 1))
@@ -20,7 +20,7 @@ def test_scan_node_live_ranges_match_what_the_log_serves(tmp_path: Path) -> None
         assert m.wait_flushed(10)
         a.append(entries("a", 12, 16, 2))  # overwrite reaching into segments
         a.save_snapshot(8, 1, b"c", b"s")
-    LogManager(tmp_path, cfg).close()  # a restart flushes the WAL into segments
+    LogManager.open(tmp_path, cfg).close()  # a restart flushes the WAL into segments
     groups = {g.group_id: g for g in scan_node(str(tmp_path))}
     assert set(groups) == {"%2F/a", "b"}
     ga = groups["%2F/a"]
@@ -29,7 +29,7 @@ def test_scan_node_live_ranges_match_what_the_log_serves(tmp_path: Path) -> None
     assert all(s.file_bytes == 16 + 4 * 32 + s.data_bytes for s in ga.segments)
     live = sorted(s.live for s in ga.segments if s.live is not None)
     covered = [i for lo, hi in live for i in range(lo, hi + 1)]
-    with LogManager(tmp_path, cfg) as m:
+    with LogManager.open(tmp_path, cfg) as m:
         log = m.open_group("%2F/a")
         served = read_all(log)
         assert served == entries("a", 1, 12, 1) + entries("a", 12, 16, 2)

@@ -309,10 +309,26 @@ def test_local_snapshot_keeps_the_log_it_was_taken_from(tmp_path: Path) -> None:
         assert read_all(log) == entries("g", 1, 21, 1)
 
 
+def test_constructor_does_no_recovery_open_does(tmp_path: Path) -> None:
+    """Recovery is LogManager.open()'s step, not the constructor's: a manager
+    only constructed has touched nothing and is closed."""
+    with manager(tmp_path, TINY) as m:
+        m.open_group("g").append(entries("g", 1, 4, 1))
+        m.sync()
+    wal_before = sorted(os.listdir(tmp_path / "wal"))
+    bare = LogManager(tmp_path, TINY)
+    assert sorted(os.listdir(tmp_path / "wal")) == wal_before
+    with pytest.raises(GroupClosedError):
+        bare.open_group("g")
+    bare.close()  # nothing to close
+    with manager(tmp_path, TINY) as m:
+        assert read_all(m.open_group("g")) == entries("g", 1, 4, 1)
+
+
 def test_second_manager_on_same_directory_is_refused(tmp_path: Path) -> None:
     with manager(tmp_path, TINY):
         with pytest.raises(StorageError, match="in use"):
-            LogManager(tmp_path, TINY)
+            LogManager.open(tmp_path, TINY)
 
 
 def test_callbacks_may_call_back_into_the_log(tmp_path: Path) -> None:
@@ -381,7 +397,7 @@ def test_delete_while_the_groups_records_are_being_written(tmp_path: Path) -> No
         in_callback.set()
         gate.wait(10)
 
-    m = _SeesDelete(tmp_path, cfg)
+    m = _SeesDelete.open(tmp_path, cfg)
     m.delete_queued = threading.Event()
     try:
         a = m.open_group("a", on_durable=lambda g, i, t: old_calls.append(i))
@@ -427,7 +443,7 @@ def test_delete_interrupted_after_the_wal_record_is_finished_on_recovery(tmp_pat
     cfg = StorageConfig(wal_max_size_bytes=1 << 20, segment_max_entries=4)
     with manager(tmp_path, cfg) as m:
         m.open_group("a").append(entries("a", 1, 30, 1))
-    m2 = _CrashBeforeRemoving(tmp_path, cfg)  # recovery moves a's entries into segments
+    m2 = _CrashBeforeRemoving.open(tmp_path, cfg)  # recovery moves a's entries into segments
     m2.delete_group("a")
     assert (tmp_path / "groups" / "a").is_dir()
     m2.close()
@@ -495,7 +511,7 @@ class _Lowest:
 def test_first_roll_over_is_staggered_between_half_and_full_size(tmp_path: Path) -> None:
     def wal_bytes_until_first_roll_over(stagger: bool, path: Path) -> int:
         cfg = StorageConfig(wal_max_size_bytes=8192, stagger_first_roll_over=stagger)
-        with LogManager(path, cfg, rng=_Lowest()) as m:
+        with LogManager.open(path, cfg, rng=_Lowest()) as m:
             log = m.open_group("g")
             i = 0
             while m.stats["rollovers"] == 0:

@@ -71,7 +71,7 @@ class StorageMachine(RuleBasedStateMachine):
         self._open()
 
     def _open(self) -> None:
-        self.mgr = LogManager(self.dir, CFG, rng=random.Random(0))
+        self.mgr = LogManager.open(self.dir, CFG, rng=random.Random(0))
         self.logs = {g: self.mgr.open_group(g) for g in GROUPS}
 
     def teardown(self) -> None:
