@@ -32,7 +32,7 @@ The Ready contract (see `Ready` and docs/raft.md):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Protocol
@@ -430,6 +430,49 @@ class RaftNode:
         harmless: pre-vote still needs a quorum that no longer hears a leader."""
         if self.role is not Role.LEADER and self.lead is not None:
             self.election_elapsed = max(self.election_elapsed, self.cfg.election_tick)
+
+    def quiet(self, unreachable: Collection[str] = ()) -> bool:
+        """True on a leader with nothing left to tell anyone: every entry is
+        committed, durable here and applied, no configuration change or
+        leadership transfer is under way, and every follower (except those in
+        `unreachable`, whose nodes the host knows to be down) has the whole
+        log and was sent the commit index in an append; and a quorum of
+        voters (itself included) is among them. A host may then stop ticking the group
+        (quiescence, as CockroachDB quiesces idle ranges): no heartbeats, no
+        check-quorum. It must tick it again on any input, and its followers
+        must start ticking again when the leader's node is suspected down.
+        Read-only: it changes nothing, so it cannot weaken safety (stopping
+        ticks is a slow clock, which Raft's safety never depends on)."""
+        if self.role is not Role.LEADER or self.transferee is not None or self._pending_confs:
+            return False
+        last = self.log.last_index()
+        if self.log.committed != last or self.log.applied != last or self._unpersisted \
+                or self.has_ready():
+            return False
+        voters = self.config.voters
+        matched = 1 if self.id in voters else 0
+        for n, pr in self.progress.items():
+            if n == self.id:
+                continue
+            if n in unreachable:
+                continue
+            if pr.match != last or pr.sent_commit < last or pr.state is not _REPLICATE \
+                    or pr.inflight:
+                return False
+            if n in voters:
+                matched += 1
+        # A leader that cannot reach a quorum keeps ticking, so that
+        # check-quorum steps it down.
+        return matched >= self._quorum()
+
+    def quiet_follower(self, leader: str, term: int, commit: int) -> bool:
+        """True on a follower of `leader` in `term` whose log ends at `commit`,
+        all of it committed, durable and applied: the leader's notice that it
+        went quiet (`quiet`) may stop this follower's ticks too."""
+        last = self.log.last_index()
+        return (self.role is Role.FOLLOWER and self.lead == leader and self.term == term
+                and self.log.committed == commit == last and self.log.applied == last
+                and not self._unpersisted and not self.has_ready())
 
     def tick(self) -> None:
         """Advance logical time by one tick."""

@@ -180,6 +180,10 @@ class Cluster:
         """Our connection to `peer` is up (what liveness tracks)."""
         return self.transport.is_connected(peer)
 
+    def last_heard(self, peer: str) -> float | None:
+        """When `peer` last sent us a frame (monotonic), None if never."""
+        return self.transport.last_heard.get(peer)
+
     def connected(self, peer: str) -> bool:
         return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
 
@@ -367,6 +371,10 @@ class Cluster:
                         fut.set_result(m.value)
                     else:
                         fut.set_exception(RuntimeError(m.value))
+            elif isinstance(m, pw.Quiesce):
+                self.node.quiet_notice(peer, m)
+            elif isinstance(m, pw.Ping):
+                pass  # the transport noted when it arrived (last_heard)
             elif isinstance(m, pw.AlarmState):
                 self.node.remote_alarms(peer, m.resources)
             elif isinstance(m, pw.Hello):

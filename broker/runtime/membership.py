@@ -444,9 +444,11 @@ class Membership:
         return result if isinstance(result, dict) else {}
 
 
-def control(q: Any, payload: list[Any]) -> Any:
+def control(q: Any, payload: list[Any], unreachable: Collection[str] = ()) -> Any:
     """Run a membership control payload on the leader's queue process; the
-    result is msgpack-friendly. Called by Node.submit_as_leader."""
+    result is msgpack-friendly. Called by Node.submit_as_leader.
+    `unreachable`: the nodes this node's failure detector holds down (a
+    quiet leader's `recent_active` flags are as old as its last heartbeat)."""
     from broker.raft import (
         ConfChange,
         ConfChangeKind,
@@ -475,7 +477,8 @@ def control(q: Any, payload: list[Any]) -> Any:
                 "raft_state": "leader" if name == st.id else ("follower" if name in st.config.voters else "learner"),
                 "term": st.term, "commit_index": st.commit, "last_applied": st.applied if name == st.id else None,
                 "match_index": pr.match if pr is not None else None,
-                "online": pr.recent_active if pr is not None and name != st.id else True,
+                "online": (pr.recent_active and name not in unreachable)
+                if pr is not None and name != st.id else True,
             })
         return members
     if op == "overview":

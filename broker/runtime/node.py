@@ -54,6 +54,7 @@ from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
 from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
+from .quiesce import PASS_TICKS, Quiescence
 from .raft_group import ProposalReplaced
 
 log = logging.getLogger("broker.node")
@@ -85,6 +86,9 @@ class Node:
         self.tls_port = 0  # the AMQP over TLS listener's port (0: off)
         self._tick_task: asyncio.Task[None] | None = None
         self._groups_by_id: dict[str, Any] = {}
+        # idle groups stop ticking; peers are watched instead (runtime/quiesce.py)
+        self.quiescence = Quiescence(None, self._groups_by_id.values, self._groups_by_id.get,
+                                     skip=(META_GROUP,), interval_s=PASS_TICKS * self.tick_s)
         # durable classic queues on this node, by storage group id (runtime/classic.py)
         self._classic_logs: dict[str, DurableClassicQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -148,6 +152,7 @@ class Node:
                                    self.config["cluster.port"], self._cluster_secret(),
                                    server_ssl=server_ssl, client_ssl=client_ssl)
             self.liveness.cluster = self.cluster
+            self.quiescence.cluster = self.cluster
             members = self.cluster.members
             initial = list(self.config["cluster.initial_members"]) or members
             fresh = meta_glog.last_index() == 0 and meta_glog.snapshot_meta() is None
@@ -311,10 +316,18 @@ class Node:
             await asyncio.sleep(0.01)
 
     async def _ticker(self) -> None:
+        n = 0
         while True:
             await asyncio.sleep(self.tick_s)
+            n += 1
+            if n % PASS_TICKS == 0:  # before the ticks: their heartbeats are not sent yet
+                self.quiescence.run_pass()
             for g in list(self._groups_by_id.values()):
-                g.tick()
+                if not g.quiesced:
+                    g.tick()
+
+    def quiet_notice(self, peer: str, msg: pw.Quiesce) -> None:
+        self.quiescence.notice(peer, msg)
 
     def _durable(self, group_id: str) -> None:
         g = self._groups_by_id.get(group_id) or self._classic_logs.get(group_id)
@@ -516,6 +529,7 @@ class Node:
         instead of waiting for a full election timeout. Pre-vote keeps this
         harmless when the leader is in fact alive."""
         assert self._loop is not None
+        self.quiescence.leader_lost(peer)
         for g in list(self._groups_by_id.values()):
             if g.leader == peer and not g.is_leader and g.node.promotable:
                 # Every follower sees the same broken connection: all of them
@@ -526,7 +540,9 @@ class Node:
     def _peer_reconnected(self, peer: str) -> None:
         """A new connection from `peer`: deliveries this node's leaders sent to
         consumers there may have been lost with the old one; send them again
-        (the channels skip what they already hold)."""
+        (the channels skip what they already hold). Quiet groups shared with
+        it wake up (runtime/quiesce.py)."""
+        self.quiescence.peer_back(peer)
         for q in list(self.queues.values()):
             if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                 q.redeliver_checked_out(peer)
@@ -603,7 +619,7 @@ class Node:
         if q is None or isinstance(q, RemoteQueue) or not q.is_leader:
             raise NotLeaderHere()
         if payload and payload[0] == "M":  # membership control, see membership.control
-            result = membership_control(q, payload)
+            result = membership_control(q, payload, self.quiescence.unreachable)
             if isinstance(result, asyncio.Future):
                 return result
             done_fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

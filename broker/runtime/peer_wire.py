@@ -16,6 +16,11 @@ tag first, then its fields in declaration order:
     CallReply     ["o", call_id, ok, value]        its answer (or the error's text)
     AlarmState    ["w", [resources]]               the sender's resource alarms
                                                    ("disk", "memory"; runtime/alarms.py)
+    Ping          ["p", 0]                         "I am alive" (every 0.5 s): a peer
+                                                   silent for 2 s is suspected down
+    Quiesce       ["z", group, term, commit]       the sender, leader of `group` in
+                                                   `term`, went quiet at `commit`
+                                                   (runtime/quiesce.py)
 
 `decode` refuses anything else with `PeerMessageError` (an unknown tag, the
 wrong number of fields): a peer's garbage is dropped with a log line, never
@@ -103,11 +108,25 @@ class AlarmState:
     resources: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class Ping:
+    TAG: ClassVar[str] = "p"
+    zero: int = 0  # every message has a field (the codec's shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Quiesce:
+    TAG: ClassVar[str] = "z"
+    group: str
+    term: int
+    commit: int
+
+
 PeerMessage = (Hello | RaftMessage | QueueRequest | QueueReply | Deliveries | Join | Call | CallReply
-               | AlarmState)
+               | AlarmState | Ping | Quiesce)
 
 _TYPES: tuple[type, ...] = (Hello, RaftMessage, QueueRequest, QueueReply, Deliveries, Join, Call,
-                            CallReply, AlarmState)
+                            CallReply, AlarmState, Ping, Quiesce)
 _BY_TAG: dict[str, tuple[type, tuple[str, ...]]] = {
     t.TAG: (t, tuple(f.name for f in fields(t))) for t in _TYPES  # type: ignore[attr-defined]
 }
@@ -145,4 +164,4 @@ def decode(raw: Any) -> PeerMessage:
 
 
 __all__ = ["AlarmState", "Call", "CallReply", "Deliveries", "Hello", "Join", "PeerMessage", "PeerMessageError",
-           "QueueReply", "QueueRequest", "RaftMessage", "decode", "encode"]
+           "Ping", "QueueReply", "QueueRequest", "Quiesce", "RaftMessage", "decode", "encode"]

@@ -31,7 +31,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +40,12 @@ import msgpack
 from broker import storage as st
 from broker.common.packing import packb
 from broker.raft import (
+    AppendResponse,
     Compacted,
     Entry,
     EntryKind,
     HardState,
+    HeartbeatResponse,
     Index,
     Membership,
     Message,
@@ -62,6 +64,8 @@ from broker.raft import (
 log = logging.getLogger("broker.raft_group")
 
 _ENTRY_KINDS = {k.value: k for k in EntryKind}
+# What a quiet leader may still receive from the heartbeats it sent last.
+_ECHOES = (HeartbeatResponse, AppendResponse)
 
 
 def encode_membership(m: Membership) -> bytes:
@@ -253,16 +257,71 @@ class RaftGroup:
         self.leader: NodeId | None = None
         self.applied_index = applied
         self.last_applied_ms = 0
+        # Quiescence (runtime/quiesce.py): a quiet group is not ticked; any
+        # input (`_kick`) wakes it.
+        self.quiesced = False
+        self._quiet_streak = 0  # consecutive quiet checks (leader)
+        self._notice: tuple[str, int, int] | None = None  # the leader's Quiesce
+        self._notice_ticks = 0
 
     # ------------------------------------------------------------ inputs
     def tick(self) -> None:
-        if self.stopped is None:
-            self.node.tick()
-            self._kick()
+        if self.stopped is not None or self.quiesced:
+            return
+        notice = self._notice
+        if notice is not None:
+            if self.node.quiet_follower(*notice):
+                self._notice = None
+                self.quiesced = True
+                return
+            self._notice_ticks -= 1
+            if self._notice_ticks <= 0:
+                self._notice = None
+        self.node.tick()
+        self._schedule()
+
+    def quiet_check(self, unreachable: Collection[str]) -> tuple[list[str], int, int] | None:
+        """On a leader: quiesce once `RaftNode.quiet` held at two checks in a
+        row; returns the followers to tell (`Quiesce`), the term and the
+        commit index, else None."""
+        if self.quiesced or self.stopped is not None or self.role is not Role.LEADER \
+                or not self.node.quiet(unreachable):
+            self._quiet_streak = 0
+            return None
+        self._quiet_streak += 1
+        if self._quiet_streak < 2:
+            return None
+        self._quiet_streak = 0
+        self.quiesced = True
+        me = self.node_id
+        node = self.node
+        tell = [str(n) for n in node.progress if n != me and n not in unreachable]
+        return tell, node.term, node.log.committed
+
+    def members(self) -> list[str]:
+        """The nodes this leader replicates to (itself included); [] elsewhere."""
+        return [str(n) for n in self.node.progress]
+
+    def note_quiet(self, leader: str, term: int, commit: int) -> None:
+        """The leader's `Quiesce`: this follower goes quiet at its next tick if
+        it is then settled at `commit` under that leader and term (its last
+        writes may still be on their way to disk: it waits up to 10 ticks)."""
+        if self.stopped is None and not self.quiesced and self.role is not Role.LEADER:
+            self._notice = (leader, term, commit)
+            self._notice_ticks = 10
+
+    def wake(self) -> None:
+        """Tick again (the leader's node is suspected down, a peer came back)."""
+        self.quiesced = False
+        self._notice = None
 
     def step(self, msg: Message) -> None:
         if self.stopped is None:
-            self.node.step(msg)
+            node = self.node
+            node.step(msg)
+            if self.quiesced and type(msg) in _ECHOES and msg.term == node.term \
+                    and not node.has_ready():
+                return  # a late answer to the last heartbeat: changes nothing
             self._kick()
 
     def campaign(self) -> None:
@@ -323,6 +382,15 @@ class RaftGroup:
 
     # ------------------------------------------------------------ the Ready loop
     def _kick(self) -> None:
+        """An input other than a tick: wakes a quiet group, then schedules
+        the Ready loop."""
+        self.quiesced = False
+        self._notice = None
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._process)
+
+    def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._process)

@@ -53,6 +53,7 @@ import os
 import random
 import ssl
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -186,6 +187,9 @@ class PeerTransport:
         self.on_connect: Callable[[str], Any] | None = None
         #: peers currently authenticated on an inbound connection (for status pages)
         self.inbound_peers: dict[str, int] = {}
+        #: monotonic time of the last frame each peer sent us (failure
+        #: detection of a peer whose connection hangs without breaking)
+        self.last_heard: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
@@ -404,6 +408,7 @@ class PeerTransport:
                     raise TransportError("frame payload is not a batch")
                 self.stats.frames_received += 1
                 self.stats.messages_received += len(batch)
+                self.last_heard[peer] = time.monotonic()
                 for message in batch:
                     self._on_message(peer, message)
         except AuthenticationFailed as exc:

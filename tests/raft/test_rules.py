@@ -798,3 +798,43 @@ def test_5_3_proposals_between_two_readies_leave_in_one_append_per_follower() ->
     apps = [m for m in rd.messages if isinstance(m, AppendEntries)]
     assert sorted(m.dst for m in apps) == ["2", "3"]
     assert all([e.index for e in m.entries] == idxs for m in apps)
+
+
+# ---------------------------------------------------------------- quiescence
+def test_quiet_once_every_follower_has_the_log_and_was_told_the_commit() -> None:
+    c = Cluster("123")
+    c.elect("1")
+    n = c.node("1")
+    c.propose("1", b"x")
+    assert not n.quiet()  # proposed, not yet committed
+    c.stabilize()
+    assert n.quiet()
+    assert c.node("2").quiet_follower("1", n.term, n.log.committed)
+    assert not c.node("2").quiet()  # only a leader is quiet
+    assert not c.node("2").quiet_follower("3", n.term, n.log.committed)  # not its leader
+    assert not c.node("2").quiet_follower("1", n.term, n.log.committed + 1)
+
+
+def test_not_quiet_while_a_reachable_follower_lags() -> None:
+    c = Cluster("123")
+    c.elect("1")
+    c.isolated = {"3"}
+    c.propose("1", b"x")
+    c.stabilize()
+    n = c.node("1")
+    assert n.log.committed == n.log.last_index()  # committed by 1 and 2
+    assert not n.quiet()  # 3 is behind and, as far as the host knows, reachable
+    assert n.quiet(unreachable={"3"})  # the host knows its node is down
+    assert not n.quiet(unreachable={"2", "3"})  # no quorum has the log
+
+
+def test_not_quiet_during_a_membership_change_or_a_transfer() -> None:
+    c = Cluster("123")
+    c.elect("1")
+    n = c.node("1")
+    n.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, N("3")))
+    assert not n.quiet()
+    c.stabilize()
+    assert n.quiet()
+    n.transfer_leadership("2")
+    assert not n.quiet()

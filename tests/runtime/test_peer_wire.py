@@ -18,6 +18,9 @@ MESSAGES: list[pw.PeerMessage] = [
     pw.Join("rabbit@b", "10.0.0.2", 25672),
     pw.Call(9, "connections", None),
     pw.CallReply(9, True, [{"name": "c1"}]),
+    pw.AlarmState(["disk"]),
+    pw.Ping(),
+    pw.Quiesce("//orders/1795683621399", 4, 1203),
 ]
 
 
@@ -36,7 +39,7 @@ def test_tags_are_unique() -> None:
 @pytest.mark.parametrize(("raw", "why"), [
     ({"h": 1}, "not a tagged array"),
     ([], "not a tagged array"),
-    (["z", 1], "unknown peer message tag 'z'"),
+    (["?", 1], "unknown peer message tag '?'"),
     ([7, 1], "unknown peer message tag 7"),
     (["h"], "Hello: 1 fields expected, got 0"),
     (["j", "rabbit@b", "host"], "Join: 3 fields expected, got 2"),

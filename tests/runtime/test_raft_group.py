@@ -243,3 +243,83 @@ async def test_proposals_truncated_by_a_new_leader_fail_even_on_a_quiet_group(tm
     finally:
         for m in net.members.values():
             m.close()
+
+
+async def test_an_idle_group_goes_quiet_sends_nothing_and_wakes_on_a_proposal(tmp_path: Path) -> None:
+    """Quiescence (runtime/quiesce.py): the leader of an idle group stops
+    ticking once every follower has the log and the commit; told so, the
+    followers stop too; ticks then send nothing; a proposal wakes them all."""
+    names = ["a", "b", "c"]
+    net = Net.of(tmp_path, names)
+    tick_all = net.tick_all
+    try:
+        await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
+        leader = next(m for m in net.members.values() if m.group.is_leader)
+        await asyncio.wait_for(leader.group.propose("x"), 20)
+        followers = [m for m in net.members.values() if m is not leader]
+        await _until(lambda: all(len(m.applied) == len(leader.applied) for m in followers), tick_all)
+        went = None
+
+        def check() -> bool:
+            nonlocal went
+            went = went or leader.group.quiet_check(())
+            return went is not None
+        await _until(check, tick_all)  # two quiet checks in a row
+        assert leader.group.quiesced
+        tell, term, commit = went
+        assert sorted(tell) == sorted(m.name for m in followers)
+        for m in followers:
+            m.group.note_quiet(leader.name, term, commit)
+        await _until(lambda: all(m.group.quiesced for m in followers), tick_all)
+        await asyncio.sleep(0.05)  # late answers to the last heartbeats land
+        assert leader.group.quiesced, "a late heartbeat answer woke the leader"
+        sent = net.sent
+        for _ in range(50):  # five election timeouts of ticks
+            tick_all()
+            await asyncio.sleep(0)
+        assert net.sent == sent and all(m.group.role.value == "follower" for m in followers)
+
+        assert (await asyncio.wait_for(leader.group.propose("y"), 20)) == ("applied", "y")
+        assert not leader.group.quiesced
+        await _until(lambda: all(m.applied[-1][1] == "y" for m in followers), tick_all)
+        assert not any(m.group.quiesced for m in followers)
+    finally:
+        for m in net.members.values():
+            m.close()
+
+
+async def test_a_quiet_follower_woken_without_its_leader_elects_a_new_one(tmp_path: Path) -> None:
+    """The leader's node is lost while its group is quiet: the followers,
+    woken by the node's failure detector (`wake`), elect a new leader."""
+    names = ["a", "b", "c"]
+    net = Net.of(tmp_path, names)
+    tick_all = net.tick_all
+    try:
+        await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
+        leader = next(m for m in net.members.values() if m.group.is_leader)
+        await asyncio.wait_for(leader.group.propose("x"), 20)
+        followers = [m for m in net.members.values() if m is not leader]
+        await _until(lambda: all(len(m.applied) == len(leader.applied) for m in followers), tick_all)
+        went = None
+
+        def check() -> bool:
+            nonlocal went
+            went = went or leader.group.quiet_check(())
+            return went is not None
+        await _until(check, tick_all)
+        for m in followers:
+            m.group.note_quiet(leader.name, went[1], went[2])
+        await _until(lambda: all(m.group.quiesced for m in followers), tick_all)
+        net.cut.add(leader.name)
+        for _ in range(50):
+            tick_all()
+            await asyncio.sleep(0)
+        assert not any(m.group.is_leader for m in followers)  # quiet: nobody noticed
+        for m in followers:
+            m.group.wake()
+        await _until(lambda: any(m.group.is_leader for m in followers), tick_all)
+        new = next(m for m in followers if m.group.is_leader)
+        assert (await asyncio.wait_for(new.group.propose("z"), 20)) == ("applied", "z")
+    finally:
+        for m in net.members.values():
+            m.close()

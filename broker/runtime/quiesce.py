@@ -1,0 +1,177 @@
+"""Quiescence: idle Raft groups stop ticking, and peers are watched instead.
+
+Why: every queue is a Raft group, and a leader heartbeats every tick (100 ms)
+to each follower. With 1,000 idle queues on 3 nodes that was a quarter of a
+core per node doing nothing; with 10,000 it was more than the machine has.
+CockroachDB quiesces idle ranges the same way; Ra relies on a node-level
+failure detector (aten) instead of per-group heartbeats.
+
+How (one pass every `PASS_TICKS` ticks, from the node's ticker):
+
+- A leader whose group is quiet (`RaftNode.quiet`: everything committed,
+  durable, applied and known to every reachable follower, a quorum among
+  them, no membership change or transfer under way) at two passes in a row
+  stops ticking and tells its followers (`peer_wire.Quiesce`, sent after its
+  last Raft message on the same ordered connection).
+- A follower told so stops ticking once it is settled at that commit under
+  that leader and term (`RaftNode.quiet_follower`).
+- Any input wakes a group (`RaftGroup._kick`: a proposal, a message other
+  than a late answer to the last heartbeat, a campaign, a transfer).
+- Failure detection moves to the node: every node pings its peers every pass
+  (`peer_wire.Ping`); a peer whose connection broke, or that sent nothing for
+  `SUSPECT_S`, is *unreachable*. A quiet follower whose leader is
+  unreachable wakes (and then elects a new leader after its election
+  timeout, pre-vote included, as before); a broken connection also gives up
+  the leader's lease at once (`Node._peer_down`). A leader does not wait for
+  unreachable followers to go quiet, and wakes the groups shared with a peer
+  that comes back, so it catches that peer up.
+
+Safety: quiescence only stops ticks, i.e. slows a group's clock. Raft's
+safety never depends on timing; a quiet leader cut off from its followers
+commits nothing (a proposal wakes it, and check-quorum then steps it down).
+Only availability depends on the failure detector: a quiet group whose
+leader is lost elects a new one `SUSPECT_S` + an election timeout later
+(at once + a timeout when the connection breaks, as after a kill).
+
+May import: the peer messages (`peer_wire`); it is handed the groups and the
+cluster.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Protocol
+
+from broker.runtime import peer_wire as pw
+
+log = logging.getLogger("broker.quiesce")
+
+#: passes run every this many Raft ticks (5 x 100 ms)
+PASS_TICKS = 5
+#: a connected peer silent for this long is suspected down
+SUSPECT_S = 2.0
+
+
+class Group(Protocol):
+    """What quiescence needs of a Raft group (runtime/raft_group.py)."""
+
+    group_id: str
+    quiesced: bool
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def leader(self) -> str | None: ...
+
+    def quiet_check(self, unreachable: Collection[str]) -> tuple[list[str], int, int] | None: ...
+
+    def note_quiet(self, leader: str, term: int, commit: int) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def members(self) -> Collection[str]: ...
+
+
+class PeerLinks(Protocol):
+    """What quiescence needs of the cluster (runtime/cluster.py)."""
+
+    @property
+    def peers(self) -> Mapping[str, object]: ...
+
+    def transport_up(self, peer: str) -> bool: ...
+
+    def last_heard(self, peer: str) -> float | None: ...
+
+    def send_to(self, peer: str, msg: pw.PeerMessage) -> None: ...
+
+
+class Quiescence:
+    def __init__(self, cluster: PeerLinks | None, groups: Callable[[], Iterable[Group]],
+                 find: Callable[[str], Group | None], skip: Collection[str] = (),
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = 0.5,
+                 suspect_s: float = SUSPECT_S) -> None:
+        """`groups()`: every Raft group of this node; `find(id)`: one of them;
+        `skip`: groups never quiesced (the metadata group)."""
+        self.cluster = cluster
+        self._groups = groups
+        self._find = find
+        self._skip = frozenset(skip)
+        self._clock = clock
+        self.interval_s = interval_s
+        self.suspect_s = suspect_s
+        self._started = clock()
+        self._last_pass: float | None = None
+        self.unreachable: frozenset[str] = frozenset()
+        self.notices_sent = 0
+
+    def reachable(self, peer: str, now: float) -> bool:
+        c = self.cluster
+        if c is None:
+            return False
+        if not c.transport_up(peer):
+            return False
+        heard = c.last_heard(peer)
+        return now - (self._started if heard is None else heard) < self.suspect_s
+
+    def run_pass(self) -> None:
+        """One pass: ping, find unreachable peers, wake the followers of an
+        unreachable leader, quiesce the quiet leaders."""
+        now = self._clock()
+        c = self.cluster
+        late = self._last_pass is not None and now - self._last_pass > 3 * self.interval_s
+        self._last_pass = now
+        if c is not None:
+            ping = pw.Ping()
+            for p in c.peers:
+                if c.transport_up(p):
+                    c.send_to(p, ping)
+            if not late:  # our own loop stalled: what we have not read yet is not silence
+                unreachable = frozenset(p for p in c.peers if not self.reachable(p, now))
+                for p in unreachable - self.unreachable:
+                    log.info("peer %s is unreachable: quiet groups it leads wake up", p)
+                self.unreachable = unreachable
+        unreachable = self.unreachable
+        skip = self._skip
+        for g in list(self._groups()):
+            if g.group_id in skip:
+                continue
+            if g.quiesced:
+                if unreachable and not g.is_leader and g.leader in unreachable:
+                    g.wake()
+            elif g.is_leader:
+                went = g.quiet_check(unreachable)
+                if went is not None and c is not None:
+                    tell, term, commit = went
+                    msg = pw.Quiesce(g.group_id, term, commit)
+                    for p in tell:
+                        c.send_to(p, msg)
+                    self.notices_sent += 1
+
+    def notice(self, peer: str, msg: pw.Quiesce) -> None:
+        """`peer` says it went quiet as leader of `msg.group`."""
+        if not (isinstance(msg.group, str) and type(msg.term) is int and type(msg.commit) is int):
+            log.warning("dropped a malformed Quiesce from %s", peer)
+            return
+        g = self._find(msg.group)
+        if g is not None and msg.group not in self._skip and g.leader == peer:
+            g.note_quiet(peer, msg.term, msg.commit)
+
+    def peer_back(self, peer: str) -> None:
+        """A peer (re)connected: the quiet groups shared with it wake, so a
+        leader catches it up and a follower hears its leader again."""
+        for g in list(self._groups()):
+            if g.quiesced and (g.leader == peer or (g.is_leader and peer in g.members())):
+                g.wake()
+
+    def leader_lost(self, peer: str) -> None:
+        """The connection to `peer` broke: the quiet groups it leads wake."""
+        for g in list(self._groups()):
+            if g.quiesced and g.leader == peer:
+                g.wake()
+
+    def counts(self) -> tuple[int, int]:
+        """(quiet groups, all groups) of this node."""
+        gs = [g for g in self._groups() if g.group_id not in self._skip]
+        return sum(1 for g in gs if g.quiesced), len(gs)
