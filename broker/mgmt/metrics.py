@@ -122,6 +122,8 @@ class NodeCollector(Collector):
         latency = g("rabbitmq_raft_entry_commit_latency_seconds",
                     "Time from a log entry's proposal to its application here (sampled)")
         is_leader = g("qq_raft_is_leader", "1 when this node's member leads the queue")
+        quiet = g("qq_raft_quiet", "1 when this node's member is quiet: idle, not ticking "
+                  "(no heartbeats; docs/OPERATIONS.md, Scale)")
         members = g("qq_queue_members", "Members of the quorum queue")
         online = g("qq_queue_members_online", "Members of the quorum queue on running nodes")
         dlx = g("qq_queue_messages_dlx",
@@ -159,6 +161,7 @@ class NodeCollector(Collector):
             written.add_metric(labels, member.last_index)
             snap.add_metric(labels, member.snapshot_index)
             is_leader.add_metric(labels, 1 if member.is_leader else 0)
+            quiet.add_metric(labels, 1 if member.quiet else 0)
             members.add_metric(labels, len(record.members))
             online.add_metric(labels, len(v.online(port, record.members)))
             if sampler is not None and (vh, name) in sampler.latency:
@@ -169,7 +172,7 @@ class NodeCollector(Collector):
             if sampler is not None:
                 leader_changes.add_metric(labels, sampler.leader_changes.get((vh, name), 0))
         yield from (ready, unacked, total, ready_b, unacked_b, consumers, dlx, dlx_b, term, commit, applied,
-                    written, snap, latency, is_leader, members, online, seg_bytes, seg_files,
+                    written, snap, latency, is_leader, quiet, members, online, seg_bytes, seg_files,
                     leader_changes)
 
         yield from self._node_metrics()

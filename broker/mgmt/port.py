@@ -195,6 +195,7 @@ class RaftMemberStatus:
     applied_index: int
     last_index: int
     snapshot_index: int
+    quiet: bool = False  # the group stopped ticking (runtime/quiesce.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -267,7 +267,7 @@ class NodePort:
             smeta = q.glog.snapshot_meta()
             out.append(RaftMemberStatus(
                 q.vhost, q.name, bool(g.is_leader), st.term, st.commit, g.applied_index,
-                st.last_index, smeta.index if smeta is not None else 0))
+                st.last_index, smeta.index if smeta is not None else 0, bool(g.quiesced)))
         return out
 
     def segment_usage(self, vhost: str, name: str) -> SegmentUsage:
