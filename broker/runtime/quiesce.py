@@ -24,7 +24,10 @@ How (one pass every `PASS_TICKS` ticks, from the node's ticker):
   timeout, pre-vote included, as before); a broken connection also gives up
   the leader's lease at once (`Node._peer_down`). A leader does not wait for
   unreachable followers to go quiet, and wakes the groups shared with a peer
-  that comes back, so it catches that peer up.
+  that comes back, so it catches that peer up. A quiet leader that no
+  longer reaches a quorum of voters wakes too, so that check-quorum steps it
+  down (else it would believe it leads for ever: quorum status, metrics,
+  and the stale state `Node._peer_reconnected` redelivers from).
 
 Safety: quiescence only stops ticks, i.e. slows a group's clock. Raft's
 safety never depends on timing; a quiet leader cut off from its followers
@@ -66,6 +69,8 @@ class Group(Protocol):
     def leader(self) -> str | None: ...
 
     def quiet_check(self, unreachable: Collection[str]) -> tuple[list[str], int, int] | None: ...
+
+    def still_quiet(self, unreachable: Collection[str]) -> bool: ...
 
     def note_quiet(self, leader: str, term: int, commit: int) -> None: ...
 
@@ -117,11 +122,13 @@ class Quiescence:
 
     def run_pass(self) -> None:
         """One pass: ping, find unreachable peers, wake the followers of an
-        unreachable leader, quiesce the quiet leaders."""
+        unreachable leader and the quiet leaders that no longer reach a
+        quorum, quiesce the quiet leaders."""
         now = self._clock()
         c = self.cluster
         late = self._last_pass is not None and now - self._last_pass > 3 * self.interval_s
         self._last_pass = now
+        changed = False
         if c is not None:
             ping = pw.Ping()
             for p in c.peers:
@@ -131,6 +138,7 @@ class Quiescence:
                 unreachable = frozenset(p for p in c.peers if not self.reachable(p, now))
                 for p in unreachable - self.unreachable:
                     log.info("peer %s is unreachable: quiet groups it leads wake up", p)
+                changed = unreachable != self.unreachable
                 self.unreachable = unreachable
         unreachable = self.unreachable
         skip = self._skip
@@ -138,7 +146,13 @@ class Quiescence:
             if g.group_id in skip:
                 continue
             if g.quiesced:
-                if unreachable and not g.is_leader and g.leader in unreachable:
+                if g.is_leader:
+                    # A quiet leader that lost its quorum wakes, so that
+                    # check-quorum steps it down: else it would believe it
+                    # leads for ever, and act on it (stale redeliveries).
+                    if changed and not g.still_quiet(unreachable):
+                        g.wake()
+                elif unreachable and g.leader in unreachable:
                     g.wake()
             elif g.is_leader:
                 went = g.quiet_check(unreachable)

@@ -298,6 +298,12 @@ class RaftGroup:
         tell = [str(n) for n in node.progress if n != me and n not in unreachable]
         return tell, node.term, node.log.committed
 
+    def still_quiet(self, unreachable: Collection[str]) -> bool:
+        """On a quiet leader: may it stay quiet now that `unreachable` changed?
+        Not once it no longer reaches a quorum (`RaftNode.quiet`): it must
+        tick again, so that check-quorum steps it down."""
+        return self.stopped is not None or self.node.quiet(unreachable)
+
     def members(self) -> list[str]:
         """The nodes this leader replicates to (itself included); [] elsewhere."""
         return [str(n) for n in self.node.progress]

@@ -18,6 +18,7 @@ class FakeGroup:
         self.quiesced = False
         self.checks: list[frozenset[str]] = []
         self.notices: list[tuple[str, int, int]] = []
+        self.still_quiet_asked: list[frozenset[str]] = []
 
     @property
     def is_leader(self) -> bool:
@@ -29,6 +30,10 @@ class FakeGroup:
             return None
         self.quiesced = True
         return [p for p in ("b", "c") if p not in unreachable], 3, 7
+
+    def still_quiet(self, unreachable: Collection[str]) -> bool:
+        self.still_quiet_asked.append(frozenset(unreachable))
+        return len({"a", "b", "c"} - set(unreachable)) >= 2
 
     def note_quiet(self, leader: str, term: int, commit: int) -> None:
         self.notices.append((leader, term, commit))
@@ -146,3 +151,19 @@ def test_a_peer_that_comes_back_wakes_the_groups_shared_with_it() -> None:
     assert not mine.quiesced and not theirs.quiesced and other.quiesced
     q.leader_lost("c")
     assert not other.quiesced
+
+
+def test_a_quiet_leader_wakes_when_it_no_longer_reaches_a_quorum() -> None:
+    """A quiet leader does not tick, so check-quorum cannot step it down: the
+    pass wakes it once the peers it can reach are no quorum (`still_quiet`),
+    and leaves it quiet while they are."""
+    lead = FakeGroup("q1", "a")
+    q, c, clock = setup(lead)
+    step(q, c, clock)
+    assert lead.quiesced
+    c.up["c"] = False
+    step(q, c, clock, heard=("b",))
+    assert lead.quiesced and lead.still_quiet_asked == [{"c"}]  # a and b: a quorum
+    c.up["b"] = False
+    step(q, c, clock, heard=())
+    assert not lead.quiesced
