@@ -321,7 +321,10 @@ class Node:
             await asyncio.sleep(self.tick_s)
             n += 1
             if n % PASS_TICKS == 0:  # before the ticks: their heartbeats are not sent yet
-                self.quiescence.run_pass()
+                try:
+                    self.quiescence.run_pass()
+                except Exception:  # noqa: BLE001 - never stop every group's ticks
+                    log.exception("quiescence pass failed")
             for g in list(self._groups_by_id.values()):
                 if not g.quiesced:
                     g.tick()

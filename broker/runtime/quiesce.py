@@ -159,8 +159,10 @@ class Quiescence:
                 if went is not None and c is not None:
                     tell, term, commit = went
                     msg = pw.Quiesce(g.group_id, term, commit)
+                    peers = c.peers
                     for p in tell:
-                        c.send_to(p, msg)
+                        if p in peers:  # a member whose node left: send_to would raise
+                            c.send_to(p, msg)
                     self.notices_sent += 1
 
     def notice(self, peer: str, msg: pw.Quiesce) -> None:

@@ -167,3 +167,27 @@ def test_a_quiet_leader_wakes_when_it_no_longer_reaches_a_quorum() -> None:
     c.up["b"] = False
     step(q, c, clock, heard=())
     assert not lead.quiesced
+
+
+def test_a_member_whose_node_is_no_peer_is_not_told_and_the_pass_goes_on() -> None:
+    """A group's member on a node that is not (or no longer) a cluster peer:
+    `Cluster.send_to` raises KeyError for it, which used to escape run_pass
+    and end Node._ticker, i.e. every group of the node stopped ticking
+    (no elections, no heartbeats) for good."""
+    class WithDeparted(FakeGroup):
+        def quiet_check(self, unreachable: Collection[str]) -> tuple[list[str], int, int] | None:
+            self.quiesced = True
+            return ["b", "c", "d"], 3, 7  # d: its node left the cluster
+
+    lead = WithDeparted("q1", "a")
+    q, c, clock = setup(lead)
+    sent = c.send_to
+
+    def send_to(peer: str, msg: pw.PeerMessage) -> None:
+        if peer not in c.peers:
+            raise KeyError(f"unknown peer {peer!r}: add_peer() it first")
+        sent(peer, msg)
+    c.send_to = send_to  # type: ignore[method-assign]
+    step(q, c, clock)
+    assert lead.quiesced
+    assert sorted(p for p, m in c.sent if isinstance(m, pw.Quiesce)) == ["b", "c"]
