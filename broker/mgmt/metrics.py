@@ -35,7 +35,8 @@ from prometheus_client.registry import Collector
 from . import views as v
 from .port import ManagementPort
 
-SAMPLE_INTERVAL_S = 0.2  # cost: one pass over the local groups per interval
+SAMPLE_INTERVAL_S = 0.2  # cost: one pass over the awake local groups per interval
+FULL_EVERY = 25  # and over all of them (quiet ones too) every 5 s
 
 
 class GroupSampler:
@@ -48,6 +49,7 @@ class GroupSampler:
         self.leader_changes: dict[tuple[str, str], int] = {}
         self._leaders: dict[tuple[str, str], str] = {}
         self._seen: dict[tuple[str, str], int] = {}
+        self._passes = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -62,9 +64,14 @@ class GroupSampler:
                 pass
 
     def sample(self) -> None:
+        """One pass over the awake local groups (a quiet group's figures do
+        not move); every FULL_EVERY passes over all of them, dropping the
+        figures of members that are gone."""
         now_ms = time.time() * 1000
+        self._passes += 1
+        full = self._passes % FULL_EVERY == 0
         live = set()
-        for m in self.port.member_samples():
+        for m in self.port.member_samples(include_quiet=full):
             key = (m.vhost, m.name)
             live.add(key)
             applied = m.applied_index
@@ -78,7 +85,7 @@ class GroupSampler:
                     self.leader_changes[key] = self.leader_changes.get(key, 0) + 1
                 self._leaders[key] = lead
             self.leader_changes.setdefault(key, 0)
-        for key in list(self._seen):
+        for key in list(self._seen) if full else ():
             if key not in live:
                 for d in (self._seen, self.latency, self._leaders, self.leader_changes):
                     d.pop(key, None)

@@ -254,10 +254,10 @@ class NodePort:
     def _members(self) -> list[QuorumQueue]:
         return [q for q in list(self._node.queues.values()) if isinstance(q, QuorumQueue)]
 
-    def member_samples(self) -> list[MemberSample]:
+    def member_samples(self, include_quiet: bool = True) -> list[MemberSample]:
         return [MemberSample(q.vhost, q.name, q.group.applied_index, q.group.last_applied_ms,
                              None if q.group.leader is None else str(q.group.leader))
-                for q in self._members()]
+                for q in self._members() if include_quiet or not q.group.quiesced]
 
     def raft_members(self) -> list[RaftMemberStatus]:
         out = []

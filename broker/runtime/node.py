@@ -22,6 +22,7 @@ import random
 import signal
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -530,15 +531,23 @@ class Node:
         """The connection to `peer` broke (a killed node's sockets close at
         once): groups it led start a (pre-)election after a short random delay
         instead of waiting for a full election timeout. Pre-vote keeps this
-        harmless when the leader is in fact alive."""
+        harmless when the leader is in fact alive. One follower per group
+        campaigns at once, the same on every node (a hash of the group over
+        its remaining voters, so the new leaders spread over the nodes): when
+        every follower of thousands of groups campaigned together, most
+        groups split their votes and waited a timeout to try again."""
         assert self._loop is not None
         self.quiescence.leader_lost(peer)
+        me = self.node_name
         for g in list(self._groups_by_id.values()):
             if g.leader == peer and not g.is_leader and g.node.promotable:
                 # Every follower sees the same broken connection: all of them
-                # give up the lease, so a pre-vote can win at once.
+                # give up the lease, so a pre-vote can win at once (the
+                # others campaign at their next timeout if it does not).
                 g.node.leader_unreachable()
-                self._loop.call_later(random.uniform(0.05, 0.3), self._campaign_if_leader_is, g, peer)
+                voters = sorted(str(v) for v in g.node.config.voters if str(v) != peer)
+                if voters and voters[zlib.crc32(g.group_id.encode()) % len(voters)] == me:
+                    self._loop.call_later(random.uniform(0.05, 0.3), self._campaign_if_leader_is, g, peer)
 
     def _peer_reconnected(self, peer: str) -> None:
         """A new connection from `peer`: deliveries this node's leaders sent to

@@ -176,7 +176,7 @@ class FakePort:
     def give_back_channel(self, ref: str) -> None:
         pass
 
-    def member_samples(self) -> list[MemberSample]:
+    def member_samples(self, include_quiet: bool = True) -> list[MemberSample]:
         return []
 
     def raft_members(self) -> list[RaftMemberStatus]:
