@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 SEEDS  ?= 2000
 
-.PHONY: audit run test test-fast test-slow sim-seeds lint bench bench-report bench-profile clean venv chaos
+.PHONY: audit run test test-fast test-slow sim-seeds lint bench bench-report bench-profile bench-scale clean venv chaos
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,12 @@ BENCH_ARGS ?=
 bench-report: $(STAMP)
 	./scripts/ensure-rabbitmq
 	$(PY) bench/report.py $(BENCH_ARGS)
+
+# 10,000 quorum queues and 1,000 connections on a 3-node cluster: declare
+# rate, idle CPU/memory per queue and connection, restart, recovery, election
+# storm (bench/scale.py; docs/OPERATIONS.md, Scale).
+bench-scale: $(STAMP)
+	$(PY) bench/scale.py $(BENCH_ARGS)
 
 # Where a message's time goes on each node of a 3-node cluster under load
 # (py-spy, root or ptrace permission): bench/profile.py.

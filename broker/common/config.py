@@ -35,6 +35,18 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names the offending key (or file line)."""
 
 
+def _int_or_infinity(lo: int, hi: int) -> Callable[[str, str], int | None]:
+    """An integer, or RabbitMQ's 'infinity' (None: no limit)."""
+    whole = _int(lo, hi)
+
+    def parse(key: str, raw: str) -> int | None:
+        if raw.strip() == "infinity":
+            return None
+        return whole(key, raw)
+
+    return parse
+
+
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[str, str], int]:
     def parse(key: str, raw: str) -> int:
         try:
@@ -202,6 +214,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("heartbeat", _int(0, 65535), 60, "heartbeat timeout proposed to clients, seconds"),
     Setting("frame_max", _int(4096, 2**31 - 1), 131072, "largest frame proposed to clients"),
     Setting("channel_max", _int(0, 65535), 2047, "most channels per connection"),
+    Setting("connection_max", _int_or_infinity(0, 2**31 - 1), None,
+            "most client connections open on this node (RabbitMQ's name; 'infinity', the "
+            "default, for no limit): connection.open beyond it is refused with 530"),
     Setting("max_message_size", _int(1, 512 * 1024 * 1024), 128 * 1024 * 1024,
             "largest message body accepted, bytes (RabbitMQ's default 128 MiB, its maximum "
             "512 MiB): a larger publish closes the channel with 406 PRECONDITION_FAILED"),

@@ -142,6 +142,17 @@ class ConnectionLimits:
                                      self._total(local, "vhost_connections", vhost),
                                      self._total(local, "user_connections", user))
 
+    def node_refused(self) -> str | None:
+        """connection.open on this node: RabbitMQ 4.x's refusal text when
+        `connection_max` connections are already open here."""
+        limit = self.node.config["connection_max"]
+        if limit is None:
+            return None
+        open_here = sum(1 for c in list(self.node.connections) if c.vhost and not c.closed)
+        if open_here < limit:
+            return None
+        return f"connection refused: node connection limit ({limit}) is reached"
+
     def channel_refused(self, user: str) -> md.MetadataError | None:
         """channel.open by `user`: a 530 refusal when the user's max-channels
         is reached cluster-wide."""

@@ -71,7 +71,8 @@ def test_invalid_configuration_names_the_key(text: str, env: dict[str, str], fra
 def test_every_setting_default_is_valid() -> None:
     # Round-trip each default through its own parser (lists joined with commas).
     for s in SETTINGS:
-        raw = ",".join(s.default) if s.is_list else str(s.default).lower() if isinstance(s.default, bool) else str(s.default)
+        raw = ",".join(s.default) if s.is_list else str(s.default).lower() if isinstance(s.default, bool) \
+            else "infinity" if s.default is None else str(s.default)
         assert s.parse(s.key, raw) == s.default, s.key
 
 
@@ -82,3 +83,15 @@ def test_every_setting_default_is_valid() -> None:
 def test_sizes_are_read_as_rabbitmq_writes_them(raw: str, expected: int) -> None:
     """RabbitMQ's information units: MB, GB are powers of 10, MiB, GiB of 2."""
     assert load_config(f"disk_free_limit.absolute = {raw}\n")["disk_free_limit.absolute"] == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("infinity", None), ("0", 0), ("1_000", 1000)])
+def test_connection_max_is_a_count_or_infinity(raw: str, expected: int | None) -> None:
+    assert load_config("")["connection_max"] is None  # RabbitMQ's default: no limit
+    assert load_config(f"connection_max = {raw}\n")["connection_max"] == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "lots", "1e3"])
+def test_a_bad_connection_max_names_the_key(raw: str) -> None:
+    with pytest.raises(ConfigError, match="connection_max"):
+        load_config(f"connection_max = {raw}\n")

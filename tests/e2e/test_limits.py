@@ -47,9 +47,9 @@ def refused(b: BrokerProcess, vhost: str = "/", user: str = "guest",
     with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as err:
         connect(b, vhost, user, password)
     # pika reports the close as text: 'ConnectionClosedByBroker: (530) "NOT_ALLOWED - ..."'
-    found = re.fullmatch(r'ConnectionClosedByBroker: \((\d+)\) "(.*)"', str(err.value.args[0]))
+    found = re.fullmatch(r'ConnectionClosedByBroker: \((\d+)\) (["\'])(.*)\2', str(err.value.args[0]))
     assert found, err.value
-    return int(found.group(1)), found.group(2)
+    return int(found.group(1)), found.group(3)
 
 
 def set_limit(api: Api, kind: str, owner: str, name: str, value: int) -> None:
@@ -347,3 +347,24 @@ def test_definitions_plan_sets_limits_after_their_vhost_and_user() -> None:
     assert kinds.index("SetUserLimit") > kinds.index("AddUser")
     assert md.SetVhostLimit(md.VhostName("/"), "max-connections", 3) in plan.commands
     assert md.SetVhostLimit(md.VhostName("/"), "max-queues", 0) in plan.commands
+
+
+def test_node_connection_max(tmp_path: Path) -> None:
+    """`connection_max`: the node's own limit, whatever the vhost and user.
+    The reply is RabbitMQ 4.x's (rabbit_reader at connection.open); 3.10.8
+    only caps its listener's acceptors, and answered a third connection with
+    connection_max = 2 normally."""
+    b = BrokerProcess(tmp_path / "node", config="connection_max = 2\n").start()
+    try:
+        first, second = connect(b), connect(b)
+        assert refused(b) == (530, "NOT_ALLOWED - connection refused: node connection limit (2) is reached")
+        publish_confirmed(first, "node-cm-q")  # the connections inside the limit work
+        assert first.is_open and second.is_open
+        first.close()  # a closed connection frees its place
+        third = connect(b)
+        assert refused(b)[0] == 530
+        third.close()
+        second.close()
+        assert "node connection limit (2) is reached" in b.log()
+    finally:
+        b.stop()
