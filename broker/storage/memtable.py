@@ -89,23 +89,21 @@ class MemTable:
         whether the first of them restarts the log; None if there are none."""
         if not self.entries or not self.marks or self.marks[0].gen > gen:
             return None
-        end = self.first + len(self.entries)
+        return self.entries[: self._end_of(gen) - self.first], self.marks[0].reset
+
+    def _end_of(self, gen: int) -> int:
+        """The index after the last entry queued in a generation <= gen."""
         for m in self.marks:
             if m.gen > gen:
-                end = m.first
-                break
-        return self.entries[: end - self.first], self.marks[0].reset
+                return m.first
+        return self.first + len(self.entries)
 
     def drop_flushed(self, gen: int) -> int | None:
         """Drop the entries of generations <= gen (now in segment files);
         returns the new first index, or None if nothing was dropped."""
         if not (self.entries and self.marks and self.marks[0].gen <= gen):
             return None
-        keep_from = self.first + len(self.entries)
-        for m in self.marks:
-            if m.gen > gen:
-                keep_from = m.first
-                break
+        keep_from = self._end_of(gen)
         del self.entries[: keep_from - self.first]
         self.first = keep_from
         self.marks = [m for m in self.marks if m.gen > gen]

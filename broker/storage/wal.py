@@ -183,7 +183,9 @@ class Wal:
         if self._carry_needed:
             raise StorageIOError(28, "could not write the new WAL after recovery")
 
-    def _open(self, seq: int) -> None:
+    def _create(self, seq: int) -> int:
+        """A new WAL file `seq` with its header, durable (file and directory);
+        nothing is left behind if that fails."""
         path = wal_path(self.dir, seq)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -195,6 +197,10 @@ class Wal:
             os.close(fd)
             os.unlink(path)
             raise
+        return fd
+
+    def _open(self, seq: int) -> None:
+        fd = self._create(seq)
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = fd
@@ -391,18 +397,8 @@ class Wal:
         which the segment writer then flushes and deletes."""
         old_gen = self.gen
         old_fd = self._fd
-        path = wal_path(self.dir, old_gen + 1)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                write_all(fd, codec.encode_wal_header(old_gen + 1), 0)
-                sync_fd(fd, self.config.sync_method)
-                if self._do_sync:
-                    fsync_dir(self.dir)
-            except BaseException:
-                os.close(fd)
-                os.unlink(path)
-                raise
+            fd = self._create(old_gen + 1)
         except OSError as exc:
             log.warning("storage: WAL roll-over failed, retrying later: %s", exc)
             return
