@@ -245,26 +245,34 @@ async def test_proposals_truncated_by_a_new_leader_fail_even_on_a_quiet_group(tm
             m.close()
 
 
+async def _gone_quiet(net: Net) -> tuple[Member, list[Member], tuple[list[str], int, int]]:
+    """Elect a leader, commit one entry everywhere, then run quiet checks until
+    the leader goes quiet (two in a row): (leader, followers, its notice)."""
+    tick_all = net.tick_all
+    await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
+    leader = next(m for m in net.members.values() if m.group.is_leader)
+    await asyncio.wait_for(leader.group.propose("x"), 20)
+    followers = [m for m in net.members.values() if m is not leader]
+    await _until(lambda: all(len(m.applied) == len(leader.applied) for m in followers), tick_all)
+    went = None
+
+    def check() -> bool:
+        nonlocal went
+        went = went or leader.group.quiet_check(())
+        return went is not None
+    await _until(check, tick_all)
+    assert went is not None
+    return leader, followers, went
+
+
 async def test_an_idle_group_goes_quiet_sends_nothing_and_wakes_on_a_proposal(tmp_path: Path) -> None:
     """Quiescence (runtime/quiesce.py): the leader of an idle group stops
     ticking once every follower has the log and the commit; told so, the
     followers stop too; ticks then send nothing; a proposal wakes them all."""
-    names = ["a", "b", "c"]
-    net = Net.of(tmp_path, names)
+    net = Net.of(tmp_path, ["a", "b", "c"])
     tick_all = net.tick_all
     try:
-        await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
-        leader = next(m for m in net.members.values() if m.group.is_leader)
-        await asyncio.wait_for(leader.group.propose("x"), 20)
-        followers = [m for m in net.members.values() if m is not leader]
-        await _until(lambda: all(len(m.applied) == len(leader.applied) for m in followers), tick_all)
-        went = None
-
-        def check() -> bool:
-            nonlocal went
-            went = went or leader.group.quiet_check(())
-            return went is not None
-        await _until(check, tick_all)  # two quiet checks in a row
+        leader, followers, went = await _gone_quiet(net)
         assert leader.group.quiesced
         tell, term, commit = went
         assert sorted(tell) == sorted(m.name for m in followers)
@@ -291,22 +299,10 @@ async def test_an_idle_group_goes_quiet_sends_nothing_and_wakes_on_a_proposal(tm
 async def test_a_quiet_follower_woken_without_its_leader_elects_a_new_one(tmp_path: Path) -> None:
     """The leader's node is lost while its group is quiet: the followers,
     woken by the node's failure detector (`wake`), elect a new leader."""
-    names = ["a", "b", "c"]
-    net = Net.of(tmp_path, names)
+    net = Net.of(tmp_path, ["a", "b", "c"])
     tick_all = net.tick_all
     try:
-        await _until(lambda: any(m.group.is_leader for m in net.members.values()), tick_all)
-        leader = next(m for m in net.members.values() if m.group.is_leader)
-        await asyncio.wait_for(leader.group.propose("x"), 20)
-        followers = [m for m in net.members.values() if m is not leader]
-        await _until(lambda: all(len(m.applied) == len(leader.applied) for m in followers), tick_all)
-        went = None
-
-        def check() -> bool:
-            nonlocal went
-            went = went or leader.group.quiet_check(())
-            return went is not None
-        await _until(check, tick_all)
+        leader, followers, went = await _gone_quiet(net)
         for m in followers:
             m.group.note_quiet(leader.name, went[1], went[2])
         await _until(lambda: all(m.group.quiesced for m in followers), tick_all)
