@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import load  # noqa: E402
+from bench import load, report  # noqa: E402
 from bench.amqp_raw import RawClient  # noqa: E402
 from tests.cluster.conftest import Cluster  # noqa: E402
 from tests.e2e.broker_proc import free_port, in_parallel, start_all  # noqa: E402
@@ -64,18 +64,9 @@ def rss(pid: int) -> int:
     return load.RssSampler.rss([pid])
 
 
-def settle(pids: list[int], quiet: float = 3.0, limit: float = 120.0) -> list[int]:
-    """Each node's RSS once the sum has moved by less than 1% for `quiet` s."""
-    deadline = time.monotonic() + limit
-    last = sum(rss(p) for p in pids)
-    since = time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        now = sum(rss(p) for p in pids)
-        if abs(now - last) > last * 0.01:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            break
+def settle(pids: list[int], limit: float = 120.0) -> list[int]:
+    """Each node's RSS once their sum has settled (`report.settle_rss`)."""
+    report.settle_rss(pids, limit=limit)
     return [rss(p) for p in pids]
 
 

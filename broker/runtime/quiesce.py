@@ -109,7 +109,6 @@ class Quiescence:
         self._started = clock()
         self._last_pass: float | None = None
         self.unreachable: frozenset[str] = frozenset()
-        self.notices_sent = 0
 
     def reachable(self, peer: str, now: float) -> bool:
         c = self.cluster
@@ -163,7 +162,6 @@ class Quiescence:
                     for p in tell:
                         if p in peers:  # a member whose node left: send_to would raise
                             c.send_to(p, msg)
-                    self.notices_sent += 1
 
     def notice(self, peer: str, msg: pw.Quiesce) -> None:
         """`peer` says it went quiet as leader of `msg.group`."""
