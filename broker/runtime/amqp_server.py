@@ -146,13 +146,10 @@ class AmqpConnection(asyncio.Protocol):
             state = self.node.meta.state
             # RabbitMQ checks the node's, the vhost's and the user's connection
             # limits before access.
-            refused = self.node.limits.node_refused()
-            err = self.node.limits.connection_refused(self.user, event.virtual_host) \
+            err = self.node.limits.node_refused() \
+                or self.node.limits.connection_refused(self.user, event.virtual_host) \
                 or md.check_vhost_access(state, self.user, event.virtual_host)
-            if refused is not None:
-                log.warning("refused a connection from %s: %s", self.name, refused)
-                self.write(amqp.connection_error(530, refused, 10, 40))
-            elif err is not None:
+            if err is not None:
                 self.write(amqp.connection_error(530, err.text, 10, 40))
             else:
                 self.vhost = event.virtual_host

@@ -28,6 +28,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from broker import metadata as md
+from broker.metadata.errors import NOT_ALLOWED
 
 if TYPE_CHECKING:
     from .node import Node
@@ -142,16 +143,19 @@ class ConnectionLimits:
                                      self._total(local, "vhost_connections", vhost),
                                      self._total(local, "user_connections", user))
 
-    def node_refused(self) -> str | None:
-        """connection.open on this node: RabbitMQ 4.x's refusal text when
-        `connection_max` connections are already open here."""
+    def node_refused(self) -> md.MetadataError | None:
+        """connection.open on this node: RabbitMQ 4.x's 530 refusal when
+        `connection_max` connections are already open here (logged: it is the
+        node's limit, not an application's)."""
         limit = self.node.config["connection_max"]
         if limit is None:
             return None
         open_here = sum(1 for c in list(self.node.connections) if c.vhost and not c.closed)
         if open_here < limit:
             return None
-        return f"connection refused: node connection limit ({limit}) is reached"
+        text = f"connection refused: node connection limit ({limit}) is reached"
+        log.warning("refused a connection: %s", text)
+        return md.MetadataError(NOT_ALLOWED, text)
 
     def channel_refused(self, user: str) -> md.MetadataError | None:
         """channel.open by `user`: a 530 refusal when the user's max-channels
