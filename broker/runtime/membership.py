@@ -485,6 +485,12 @@ def control(q: Any, payload: list[Any], unreachable: Collection[str] = ()) -> An
         return q.overview()
     try:
         if op == "transfer":
+            pr = g.node.progress.get(payload[2])
+            if pr is not None and pr.recent_active and pr.match < g.node.commit_index:
+                # The core refuses a target behind the commit; one that answers
+                # is only catching up (an entry in flight): transient, retried.
+                raise RuntimeError(f"{payload[2]} is catching up (match {pr.match} < commit "
+                                   f"{g.node.commit_index})")
             g.node.transfer_leadership(payload[2])
             g._kick()
             return "ok"

@@ -18,6 +18,7 @@ from broker.raft import (
     TransferInProgress,
     TransferRefused,
 )
+from broker.raft.progress import Progress
 from broker.runtime.cluster import decode_reply, encode_reply
 from broker.runtime.errors import Refused
 from broker.runtime.membership import control
@@ -26,6 +27,8 @@ from broker.runtime.membership import control
 class _RaftNode:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
+        self.progress: dict[str, Progress] = {}  # the leader's view of its followers
+        self.commit_index = 5
 
     def transfer_leadership(self, target: str) -> None:
         raise self.exc
@@ -69,3 +72,18 @@ def test_a_final_refusal_is_a_typed_reply_that_survives_the_wire(op: str, exc: E
 def test_a_transient_refusal_raises_so_the_caller_retries(op: str, exc: Exception) -> None:
     with pytest.raises(RuntimeError, match=str(exc)):
         control(_Queue(exc), ["M", op, "n2"])
+
+
+def test_a_transfer_to_a_follower_still_catching_up_is_retried() -> None:
+    """The core refuses a target behind the commit index; when it answers
+    (recent_active) it is only an entry or two behind: transient, retried,
+    not a 409 to the operator."""
+    q = _Queue(AssertionError("transfer_leadership must not be called yet"))
+    behind = Progress(6, 256, False)
+    behind.match = 4
+    q.group.node.progress["n2"] = behind
+    with pytest.raises(RuntimeError, match="catching up"):
+        control(q, ["M", "transfer", "n2"])
+    behind.recent_active = False  # silent: the core's final refusal stands
+    q.group.node.exc = TransferRefused("n2 is lagging (match 4 < commit 5) or unreachable")
+    assert control(q, ["M", "transfer", "n2"]) == Refused("n2 is lagging (match 4 < commit 5) or unreachable")
