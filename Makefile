@@ -48,7 +48,11 @@ chaos: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker tests bench
-	$(VENV)/bin/mypy broker/raft broker/queue broker/storage broker/metadata broker/amqp broker/common broker/mgmt
+	$(VENV)/bin/mypy broker/raft broker/queue broker/storage broker/metadata broker/amqp broker/common broker/mgmt \
+		broker/runtime/backoff.py broker/runtime/errors.py broker/runtime/placement.py \
+		broker/runtime/confirms.py broker/runtime/liveness.py broker/runtime/cluster_local.py \
+		broker/runtime/quiesce.py broker/runtime/wire.py broker/runtime/peer_wire.py \
+		broker/runtime/raft_wire.py
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data

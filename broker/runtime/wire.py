@@ -45,7 +45,7 @@ _META_COMMANDS: dict[str, type] = {
 }
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> msgpack.ExtType:
     if isinstance(obj, decimal.Decimal):
         return msgpack.ExtType(_EXT_DECIMAL, str(obj).encode())
     if isinstance(obj, datetime.datetime):
@@ -53,7 +53,7 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def _ext_hook(code: int, data: bytes) -> decimal.Decimal | datetime.datetime | msgpack.ExtType:
     if code == _EXT_DECIMAL:
         return decimal.Decimal(data.decode())
     if code == _EXT_DATETIME:
@@ -61,23 +61,23 @@ def _ext_hook(code: int, data: bytes) -> Any:
     return msgpack.ExtType(code, data)
 
 
-def pack(obj: Any) -> bytes:
+def pack(obj: object) -> bytes:
     out = packb(obj, _default)
     return out
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes) -> Any:  # msgpack-decoded: its shape is the caller's to check
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
 
 
-def encode_meta_command(cmd: Any) -> list[Any]:
+def encode_meta_command(cmd: md.Command) -> list[Any]:
     name = type(cmd).__name__
     if name not in _META_COMMANDS:
         raise TypeError(f"not a metadata command: {cmd!r}")
     return [name, [encode_value(getattr(cmd, f.name)) for f in fields(cmd)]]
 
 
-def decode_meta_command(raw: list[Any]) -> Any:
+def decode_meta_command(raw: list[Any]) -> md.Command:
     """A metadata command from its log entry; fields added since the entry was
     written (trailing, with defaults) take their defaults."""
     name, values = raw
@@ -85,7 +85,8 @@ def decode_meta_command(raw: list[Any]) -> Any:
     names = [f.name for f in fields(cls)]
     if len(values) > len(names):
         raise ValueError(f"{name}: {len(names)} fields expected, got {len(values)}")
-    return cls(**{n: decode_value(v) for n, v in zip(names, values, strict=False)})
+    cmd: md.Command = cls(**{n: decode_value(v) for n, v in zip(names, values, strict=False)})
+    return cmd
 
 
 # ---------------------------------------------------------------- queue entries
@@ -96,7 +97,7 @@ _PLAIN = frozenset({ENQUEUE, SETTLE})
 QueueMessage = tuple[bytes, bytes, str, str]
 
 
-def enqueue_payload(publisher: Any, seq: int, props_raw: bytes, body: bytes, exchange: str,
+def enqueue_payload(publisher: str | None, seq: int, props_raw: bytes, body: bytes, exchange: str,
                     routing_key: str, priority: int | None, expiration_ms: int | None,
                     size: int | None = None) -> list[Any]:
     """An enqueue: the machine's Enqueue fields, then the message itself."""
