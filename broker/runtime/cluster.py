@@ -373,6 +373,8 @@ class Cluster:
                         fut.set_exception(RuntimeError(m.value))
             elif isinstance(m, pw.Quiesce):
                 self.node.quiet_notice(peer, m)
+            elif isinstance(m, pw.StillQuiet):
+                self.node.quiet_keepalive(peer, m)
             elif isinstance(m, pw.Ping):
                 pass  # the transport noted when it arrived (last_heard)
             elif isinstance(m, pw.AlarmState):

@@ -333,6 +333,9 @@ class Node:
     def quiet_notice(self, peer: str, msg: pw.Quiesce) -> None:
         self.quiescence.notice(peer, msg)
 
+    def quiet_keepalive(self, peer: str, msg: pw.StillQuiet) -> None:
+        self.quiescence.still_quiet_from(peer, msg)
+
     def _durable(self, group_id: str) -> None:
         g = self._groups_by_id.get(group_id) or self._classic_logs.get(group_id)
         if g is not None and not self._stopping:

@@ -21,6 +21,11 @@ tag first, then its fields in declaration order:
     Quiesce       ["z", group, term, commit]       the sender, leader of `group` in
                                                    `term`, went quiet at `commit`
                                                    (runtime/quiesce.py)
+    StillQuiet    ["k", [group]]                   the groups the sender still leads
+                                                   quietly with the receiver as a
+                                                   member (every 2 s): a quiet
+                                                   follower of the sender whose
+                                                   group is not listed wakes
 
 `decode` refuses anything else with `PeerMessageError` (an unknown tag, the
 wrong number of fields): a peer's garbage is dropped with a log line, never
@@ -122,11 +127,17 @@ class Quiesce:
     commit: int
 
 
+@dataclass(frozen=True, slots=True)
+class StillQuiet:
+    TAG: ClassVar[str] = "k"
+    groups: list[str]
+
+
 PeerMessage = (Hello | RaftMessage | QueueRequest | QueueReply | Deliveries | Join | Call | CallReply
-               | AlarmState | Ping | Quiesce)
+               | AlarmState | Ping | Quiesce | StillQuiet)
 
 _TYPES: tuple[type, ...] = (Hello, RaftMessage, QueueRequest, QueueReply, Deliveries, Join, Call,
-                            CallReply, AlarmState, Ping, Quiesce)
+                            CallReply, AlarmState, Ping, Quiesce, StillQuiet)
 _BY_TAG: dict[str, tuple[type, tuple[str, ...]]] = {
     t.TAG: (t, tuple(f.name for f in fields(t))) for t in _TYPES  # type: ignore[attr-defined]
 }
@@ -164,4 +175,5 @@ def decode(raw: Any) -> PeerMessage:
 
 
 __all__ = ["AlarmState", "Call", "CallReply", "Deliveries", "Hello", "Join", "PeerMessage", "PeerMessageError",
-           "Ping", "QueueReply", "QueueRequest", "Quiesce", "RaftMessage", "decode", "encode"]
+           "Ping", "QueueReply", "QueueRequest", "Quiesce", "RaftMessage", "StillQuiet", "decode",
+           "encode"]

@@ -28,6 +28,15 @@ How (one pass every `PASS_TICKS` ticks, from the node's ticker):
   longer reaches a quorum of voters wakes too, so that check-quorum steps it
   down (else it would believe it leads for ever: quorum status, metrics,
   and the stale state `Node._peer_reconnected` redelivers from).
+- Keepalive: every `KEEPALIVE_PASSES` passes a node tells each peer which
+  groups it still leads quietly with that peer as a member
+  (`peer_wire.StillQuiet`, one list per peer, after the pass's `Quiesce`
+  notices on the same ordered connection). A quiet follower whose leader's
+  list does not name its group wakes: whatever ended that leader's quiet
+  rule without a Raft message to this follower (its group stopped on a
+  storage error, dropped, or a state this code did not foresee), the
+  follower does not sleep on a live, reachable node for ever. A quiet
+  follower whose leader is no longer a peer of this node wakes too.
 
 Safety: quiescence only stops ticks, i.e. slows a group's clock. Raft's
 safety never depends on timing; a quiet leader cut off from its followers
@@ -54,6 +63,8 @@ log = logging.getLogger("broker.quiesce")
 PASS_TICKS = 5
 #: a connected peer silent for this long is suspected down
 SUSPECT_S = 2.0
+#: the StillQuiet keepalive goes out every this many passes (2 s)
+KEEPALIVE_PASSES = 4
 
 
 class Group(Protocol):
@@ -67,6 +78,9 @@ class Group(Protocol):
 
     @property
     def leader(self) -> str | None: ...
+
+    @property
+    def leads_quietly(self) -> bool: ...
 
     def quiet_check(self, unreachable: Collection[str]) -> tuple[list[str], int, int] | None: ...
 
@@ -96,7 +110,7 @@ class Quiescence:
     def __init__(self, cluster: PeerLinks | None, groups: Callable[[], Iterable[Group]],
                  find: Callable[[str], Group | None], skip: Collection[str] = (),
                  clock: Callable[[], float] = time.monotonic, interval_s: float = 0.5,
-                 suspect_s: float = SUSPECT_S) -> None:
+                 suspect_s: float = SUSPECT_S, keepalive_passes: int = KEEPALIVE_PASSES) -> None:
         """`groups()`: every Raft group of this node; `find(id)`: one of them;
         `skip`: groups never quiesced (the metadata group)."""
         self.cluster = cluster
@@ -109,6 +123,8 @@ class Quiescence:
         self._started = clock()
         self._last_pass: float | None = None
         self.unreachable: frozenset[str] = frozenset()
+        self.keepalive_passes = keepalive_passes
+        self._passes = 0
 
     def reachable(self, peer: str, now: float) -> bool:
         c = self.cluster
@@ -151,7 +167,8 @@ class Quiescence:
                     # leads for ever, and act on it (stale redeliveries).
                     if changed and not g.still_quiet(unreachable):
                         g.wake()
-                elif unreachable and g.leader in unreachable:
+                elif (unreachable and g.leader in unreachable) \
+                        or (c is not None and g.leader not in c.peers):
                     g.wake()
             elif g.is_leader:
                 went = g.quiet_check(unreachable)
@@ -162,6 +179,38 @@ class Quiescence:
                     for p in tell:
                         if p in peers:  # a member whose node left: send_to would raise
                             c.send_to(p, msg)
+        self._passes += 1
+        if c is not None and self._passes % self.keepalive_passes == 0:
+            self._keepalive(c)
+
+    def _keepalive(self, c: PeerLinks) -> None:
+        """Send each connected peer the groups this node still leads quietly
+        with it as a member (an empty list too: it says "none")."""
+        by_peer: dict[str, list[str]] = {p: [] for p in c.peers if c.transport_up(p)}
+        skip = self._skip
+        for g in list(self._groups()):
+            if g.leads_quietly and g.group_id not in skip:
+                for m in g.members():
+                    listed = by_peer.get(m)
+                    if listed is not None:
+                        listed.append(g.group_id)
+        for p, groups in by_peer.items():
+            c.send_to(p, pw.StillQuiet(groups))
+
+    def still_quiet_from(self, peer: str, msg: pw.StillQuiet) -> None:
+        """`peer`'s keepalive: its quiet followers here that it no longer
+        lists wake (it stopped leading them quietly without telling them)."""
+        if type(msg.groups) is not list or not all(isinstance(x, str) for x in msg.groups):
+            log.warning("dropped a malformed StillQuiet from %s", peer)
+            return
+        listed = frozenset(msg.groups)
+        woken = 0
+        for g in list(self._groups()):
+            if g.quiesced and g.leader == peer and not g.is_leader and g.group_id not in listed:
+                g.wake()
+                woken += 1
+        if woken:
+            log.info("%d quiet group(s) woke: their leader %s no longer leads them quietly", woken, peer)
 
     def notice(self, peer: str, msg: pw.Quiesce) -> None:
         """`peer` says it went quiet as leader of `msg.group`."""

@@ -304,6 +304,12 @@ class RaftGroup:
         tick again, so that check-quorum steps it down."""
         return self.stopped is not None or self.node.quiet(unreachable)
 
+    @property
+    def leads_quietly(self) -> bool:
+        """A quiet leader that still serves (not stopped by a storage error):
+        what the node's `StillQuiet` keepalive lists (runtime/quiesce.py)."""
+        return self.quiesced and self.stopped is None and self.role is Role.LEADER
+
     def members(self) -> list[str]:
         """The nodes this leader replicates to (itself included); [] elsewhere."""
         return [str(n) for n in self.node.progress]

@@ -19,6 +19,7 @@ class FakeGroup:
         self.checks: list[frozenset[str]] = []
         self.notices: list[tuple[str, int, int]] = []
         self.still_quiet_asked: list[frozenset[str]] = []
+        self.stopped = False
 
     @property
     def is_leader(self) -> bool:
@@ -40,6 +41,10 @@ class FakeGroup:
 
     def wake(self) -> None:
         self.quiesced = False
+
+    @property
+    def leads_quietly(self) -> bool:
+        return self.quiesced and self.is_leader and not self.stopped
 
     def members(self) -> list[str]:
         return ["a", "b", "c"] if self.is_leader else []
@@ -191,3 +196,58 @@ def test_a_member_whose_node_is_no_peer_is_not_told_and_the_pass_goes_on() -> No
     step(q, c, clock)
     assert lead.quiesced
     assert sorted(p for p, m in c.sent if isinstance(m, pw.Quiesce)) == ["b", "c"]
+
+
+def keepalives(c: FakeCluster) -> dict[str, list[str]]:
+    return {p: m.groups for p, m in c.sent if isinstance(m, pw.StillQuiet)}
+
+
+def test_every_fourth_pass_each_peer_hears_which_groups_still_lead_quietly() -> None:
+    """The keepalive names the groups this node leads quietly with the peer as
+    a member (FakeGroup: a leader's members are a, b, c), not the busy ones
+    nor those stopped by a storage error, and goes out after the Quiesce
+    notices of its pass."""
+    quiet, busy, stopped, theirs = (FakeGroup("q1", "a"), FakeGroup("q2", "a", quiet=False),
+                                    FakeGroup("q3", "a"), FakeGroup("q4", "b"))
+    q, c, clock = setup(quiet, busy, stopped, theirs)
+    for _ in range(3):
+        step(q, c, clock)
+    assert keepalives(c) == {}
+    stopped.stopped = True  # quiet, then its group stopped (ENOSPC) while idle
+    c.sent.clear()
+    step(q, c, clock)
+    assert keepalives(c) == {"b": ["q1"], "c": ["q1"]}
+    c.up["c"] = False  # nothing into a broken connection
+    c.sent.clear()
+    for _ in range(4):
+        step(q, c, clock, heard=("b",))
+    assert keepalives(c) == {"b": ["q1"]}
+
+
+def test_a_quiet_follower_its_leader_no_longer_lists_wakes() -> None:
+    listed, dropped, led_by_c, mine = (FakeGroup("q1", "b"), FakeGroup("q2", "b"),
+                                       FakeGroup("q3", "c"), FakeGroup("q4", "a"))
+    q, c, clock = setup(listed, dropped, led_by_c, mine)
+    for g in (listed, dropped, led_by_c, mine):
+        g.quiesced = True
+    q.still_quiet_from("b", pw.StillQuiet(["q1", "q4"]))
+    assert listed.quiesced and not dropped.quiesced
+    assert led_by_c.quiesced and mine.quiesced  # other leaders' groups, our own
+    q.still_quiet_from("b", pw.StillQuiet("q1"))  # type: ignore[arg-type]  # garbage: ignored
+    q.still_quiet_from("b", pw.StillQuiet([1]))  # type: ignore[list-item]
+    assert listed.quiesced
+    q.still_quiet_from("b", pw.StillQuiet([]))
+    assert not listed.quiesced
+
+
+def test_a_quiet_follower_whose_leader_is_no_longer_a_peer_wakes() -> None:
+    orphan, fine = FakeGroup("q1", "d"), FakeGroup("q2", "b")
+    q, c, clock = setup(orphan, fine)
+    orphan.quiesced = fine.quiesced = True
+    step(q, c, clock)
+    assert not orphan.quiesced and fine.quiesced
+
+
+def test_still_quiet_round_trips_the_peer_codec() -> None:
+    msg = pw.StillQuiet(["q/%2F/a", "q/%2F/b"])
+    assert pw.decode(pw.encode(msg)) == msg
