@@ -609,7 +609,8 @@ class GroupLog:
     # ----- snapshots and truncation
     def save_snapshot(self, index: int, term: int, config: bytes, data: bytes) -> SnapshotMeta:
         """Write a snapshot durably (tmp, fsync, rename, dir fsync); blocking.
-        Keeps the previous snapshot file as a fallback, deletes older ones."""
+        Keeps the previous snapshot file as a fallback, deletes older ones.
+        A failed write raises StorageIOError and changes nothing."""
         with self._lock:
             self._check()
             cur = self._snapshot
@@ -620,7 +621,14 @@ class GroupLog:
                     f"group {self.group_id!r}: snapshot {index} is older than current {cur.index}"
                 )
         snapdir = os.path.join(self.path, "snapshots")
-        meta = snapshots.write_snapshot(snapdir, index, term, config, data, self._node.do_sync)
+        try:
+            meta = snapshots.write_snapshot(snapdir, index, term, config, data, self._node.do_sync)
+        except OSError as exc:
+            # Nothing changed: the tmp file is gone, the previous snapshot and
+            # the log stand. The caller decides (a local snapshot retries
+            # later; an installed one stops the group).
+            raise StorageIOError(exc.errno or 5, f"group {self.group_id!r}: writing snapshot {index}: "
+                                                 f"{exc.strerror or exc}") from exc
         with self._lock:
             if self._snapshot is None or self._snapshot.index <= index:
                 self._snapshot = meta

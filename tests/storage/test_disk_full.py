@@ -128,3 +128,35 @@ def test_opening_a_new_group_on_a_full_disk_is_a_storage_error(tmp_path: Path) -
             assert g.read_bootstrap() == b"\x90"
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.root
+def test_a_snapshot_on_a_full_disk_is_a_storage_error_and_changes_nothing(tmp_path: Path) -> None:
+    """`save_snapshot` let the bare OSError through (an InstallSnapshot write
+    in a fault run's disk-full nemesis): now StorageIOError(ENOSPC) like every
+    other write, with the previous snapshot still the latest, no tmp file
+    left, and a snapshot written once space returns."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        with LogManager.open(mnt / "node", CFG) as m:
+            g = m.open_group("a")
+            g.append([Entry(i, 1, payload("a", i, 1, 100)) for i in range(1, 11)])
+            m.sync()
+            g.save_snapshot(5, 1, b"cfg", b"small")
+            filler = mnt / "filler"
+            fill_disk(filler)
+            with pytest.raises(StorageIOError) as err:
+                g.save_snapshot(10, 1, b"cfg", b"x" * (64 * 1024))
+            assert err.value.errno == errno.ENOSPC and "snapshot 10" in str(err.value)
+            latest = g.latest_snapshot()
+            assert latest is not None and latest.meta.index == 5 and latest.data == b"small"
+            snapdir = mnt / "node"
+            assert not [p for p in snapdir.rglob("*.tmp")]
+            filler.unlink()
+            g.save_snapshot(10, 1, b"cfg", b"x" * (64 * 1024))
+            latest = g.latest_snapshot()
+            assert latest is not None and latest.meta.index == 10
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
