@@ -52,7 +52,9 @@ lint: $(STAMP)
 		broker/runtime/backoff.py broker/runtime/errors.py broker/runtime/placement.py \
 		broker/runtime/confirms.py broker/runtime/liveness.py broker/runtime/cluster_local.py \
 		broker/runtime/quiesce.py broker/runtime/wire.py broker/runtime/peer_wire.py \
-		broker/runtime/raft_wire.py
+		broker/runtime/raft_wire.py broker/runtime/alarms.py broker/runtime/limits.py \
+		broker/runtime/msg_stats.py broker/runtime/transport.py broker/runtime/publish.py \
+		broker/runtime/cluster.py
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data

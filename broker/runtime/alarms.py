@@ -27,7 +27,8 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+
+from broker.common.config import Config
 
 log = logging.getLogger("broker.alarms")
 
@@ -71,7 +72,7 @@ def blocked_reason(resources: set[str] | frozenset[str]) -> str:
 class Alarms:
     """This node's resource checks and the cluster's alarm picture."""
 
-    def __init__(self, node_name: str, data_dir: str | Path, config: Any) -> None:
+    def __init__(self, node_name: str, data_dir: str | Path, config: Config) -> None:
         self.node_name = node_name
         self.data_dir = str(data_dir)
         total = memory_total()

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from broker import queue as qm
+from broker.raft import Message as RaftMessage
 
 from . import peer_wire as pw
 from . import raft_wire
@@ -50,7 +52,7 @@ _REPLY_TYPES: dict[str, type] = {
 }
 
 
-def encode_reply(r: Any) -> Any:
+def encode_reply(r: object) -> object:
     if isinstance(r, Enum):
         return ["e", type(r).__name__, r.value]
     if is_dataclass(r):
@@ -60,7 +62,7 @@ def encode_reply(r: Any) -> Any:
     return r
 
 
-def decode_reply(raw: Any) -> Any:
+def decode_reply(raw: Any) -> Any:  # msgpack-decoded in, the machine reply it encodes out
     if isinstance(raw, list) and raw and raw[0] == "e":
         if raw[1] == "EnqueueResult":
             return qm.EnqueueResult(raw[2])
@@ -83,6 +85,7 @@ class NotLeaderHere(Exception):
 class _Request:
     __slots__ = ("req_id", "vhost", "queue", "payload", "future", "target", "sent_at", "gen")
 
+    # payload: a queue payload (runtime/wire.py); the future gets the decoded reply
     def __init__(self, req_id: int, vhost: str, queue: str, payload: Any,
                  future: asyncio.Future[Any], target: str) -> None:
         self.req_id = req_id
@@ -95,9 +98,39 @@ class _Request:
         self.gen = -1  # connection generation it was last sent on (-1: not sent)
 
 
+class _LocalQueue(Protocol):
+    def message(self, index: int) -> tuple[bytes, bytes, str, str]: ...
+
+
+class ClusterHost(Protocol):
+    """What the cluster plumbing asks of the node: where a queue's leader is,
+    and the handlers of what peers send."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def incarnation(self) -> str: ...
+    def queue(self, vhost: str, name: str) -> _LocalQueue | None: ...
+    def queue_leader(self, vhost: str, name: str) -> str | None: ...
+    def flush_forwarded(self, vhost: str, name: str) -> None: ...
+    # payload: a queue payload (runtime/wire.py); the future's result, the machine's reply
+    def submit_as_leader(self, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]: ...
+    def remember_dequeued(self, vhost: str, name: str, index: int,
+                          msg: tuple[bytes, bytes, str, str]) -> None: ...
+    def serve_call(self, op: str, args: Any) -> object: ...  # args: msgpack-decoded
+    def step_group(self, group_id: str, msg: RaftMessage) -> None: ...
+    def remote_deliveries(self, vhost: str, name: str, channel: str, tag: str,
+                          deliveries: list[Any], bodies: dict[int, Any]) -> None: ...
+    def handle_join(self, name: str, host: str, port: int) -> None: ...
+    def quiet_notice(self, peer: str, msg: pw.Quiesce) -> None: ...
+    def quiet_keepalive(self, peer: str, msg: pw.StillQuiet) -> None: ...
+    def remote_alarms(self, peer: str, resources: list[str]) -> None: ...
+
+
 class Cluster:
-    def __init__(self, node: Any, seeds: tuple[str, ...], bind: str, port: int, secret: bytes,
-                 server_ssl: Any = None, client_ssl: Any = None) -> None:
+    def __init__(self, node: ClusterHost, seeds: tuple[str, ...], bind: str, port: int,
+                 secret: bytes, server_ssl: ssl.SSLContext | None = None,
+                 client_ssl: ssl.SSLContext | None = None) -> None:
         self.node = node
         self.name: str = node.node_name
         self.peers: dict[str, tuple[str, int]] = {}
@@ -188,7 +221,7 @@ class Cluster:
         return peer == self.name or (self.transport.is_connected(peer) and peer in self.transport.inbound_peers)
 
     # ------------------------------------------------------------ sending
-    def send_raft(self, dst: str, msg: Any) -> None:
+    def send_raft(self, dst: str, msg: RaftMessage) -> None:
         if dst in self.peers:
             self.transport.send(dst, pw.encode(pw.RaftMessage(raft_wire.encode_message(msg))))
 
@@ -251,7 +284,7 @@ class Cluster:
             r.target = leader
             self._send_request(r, gen)
 
-    def _connected(self, peer: str) -> Any:
+    def _connected(self, peer: str) -> list[Any]:
         """A new connection to `peer`: it starts with our hello; then whatever
         the node must send again (deliveries lost with the old one)."""
         if self.on_reconnect is not None:
@@ -316,7 +349,7 @@ class Cluster:
                 if gen >= 0 and any(r.target != leader or r.gen != gen for r in pending.values()):
                     self._resync(key)
 
-    async def call(self, peer: str, op: str, args: Any, timeout: float) -> Any:
+    async def call(self, peer: str, op: str, args: object, timeout: float) -> Any:  # msgpack-decoded
         """Ask `peer` a node-local question (`Node.serve_call(op, args)`,
         e.g. its AMQP connections for the management API) and wait for the
         answer. Not re-sent: a lost connection or a slow peer raises

@@ -25,13 +25,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Sized
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import metadata as md
 from broker.metadata.errors import NOT_ALLOWED
 
 if TYPE_CHECKING:
-    from .node import Node
+    from broker.common.config import Config
+
+    from .cluster import Cluster
 
 log = logging.getLogger("broker.limits")
 
@@ -51,23 +54,52 @@ class Counts:
         self.user_connections: dict[str, int] = user_connections or {}
         self.channels: dict[str, int] = channels or {}
 
-    def to_wire(self) -> list[Any]:
+    def to_wire(self) -> list[dict[str, int]]:
         return [self.vhost_connections, self.user_connections, self.channels]
 
     @classmethod
-    def from_wire(cls, raw: Any) -> Counts:
+    def from_wire(cls, raw: object) -> Counts:
         """A peer's answer; anything malformed counts as nothing."""
         if not isinstance(raw, list) or len(raw) != 3 or not all(isinstance(d, dict) for d in raw):
             return cls()
 
-        def clean(d: dict[Any, Any]) -> dict[str, int]:
+        def clean(d: dict[Any, Any]) -> dict[str, int]:  # msgpack-decoded
             return {str(k): int(v) for k, v in d.items() if isinstance(v, int) and not isinstance(v, bool)}
 
         return cls(clean(raw[0]), clean(raw[1]), clean(raw[2]))
 
 
+class _Connection(Protocol):
+    @property
+    def vhost(self) -> str: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def channels(self) -> Sized: ...
+
+
+class _Metadata(Protocol):
+    @property
+    def state(self) -> md.MetadataState: ...
+
+
+class LimitsHost(Protocol):
+    """What the limits read of the node."""
+
+    @property
+    def meta(self) -> _Metadata: ...
+    @property
+    def cluster(self) -> Cluster | None: ...
+    @property
+    def connections(self) -> Collection[_Connection]: ...
+    @property
+    def config(self) -> Config: ...
+
+
 class ConnectionLimits:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: LimitsHost) -> None:
         self.node = node
         #: each connected peer's last answer (see the module docstring)
         self.remote: dict[str, Counts] = {}

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .node import Node
+from collections.abc import Collection, Mapping
+from typing import Any, Protocol
 
 #: Seconds between two samples of the message counters (RabbitMQ's
 #: collect_statistics_interval is 5 s too).
@@ -53,7 +51,7 @@ class MsgCounters:
 
     def message_stats(self) -> dict[str, Any]:
         """RabbitMQ's `message_stats` object: counts and `<field>_details: {rate}`."""
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {}  # JSON: counts (int) and {"rate": float} objects
         counts = dict(zip(STAT_FIELDS, self.counts(), strict=True))
         counts["deliver_get"] = self.deliver + self.deliver_no_ack + self.get + self.get_no_ack
         rates = self.rates
@@ -66,18 +64,41 @@ class MsgCounters:
         return out
 
 
+#: a queue's identity (runtime/queues.py's QueueUid): vhost, name, incarnation
+QueueUid = tuple[str, str, int]
+
+
+class _Channel(Protocol):
+    @property
+    def stats(self) -> MsgCounters: ...
+
+
+class _Connection(Protocol):
+    @property
+    def channels(self) -> Mapping[int, _Channel]: ...
+
+
+class StatsHost(Protocol):
+    """What the counters read of the node: its queues and its connections."""
+
+    @property
+    def queues(self) -> Mapping[tuple[str, str], object]: ...
+    @property
+    def connections(self) -> Collection[_Connection]: ...
+
+
 class NodeStats:
     """A node's message counters: totals and per queue (counted by this node's
     channels), sampled every STATS_INTERVAL by a timer started with the first
     AMQP connection. Read by the management API as `node.msg_stats`."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: StatsHost) -> None:
         self.node = node
         self.totals = MsgCounters()
-        self.queues: dict[Any, MsgCounters] = {}
+        self.queues: dict[QueueUid, MsgCounters] = {}
         self._timer: asyncio.TimerHandle | None = None
 
-    def queue(self, uid: Any) -> MsgCounters:
+    def queue(self, uid: QueueUid) -> MsgCounters:
         c = self.queues.get(uid)
         if c is None:
             c = self.queues[uid] = MsgCounters()
@@ -103,7 +124,7 @@ class NodeStats:
         self._timer = asyncio.get_running_loop().call_later(STATS_INTERVAL, self._tick)
 
 
-def node_stats(node: Node) -> NodeStats:
+def node_stats(node: StatsHost) -> NodeStats:
     stats: NodeStats | None = getattr(node, "msg_stats", None)
     if stats is None:
         stats = NodeStats(node)

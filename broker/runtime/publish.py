@@ -66,8 +66,8 @@ class PublisherSession:
     __slots__ = ("publisher", "_submit", "_later", "name", "next_seq", "pending", "gen",
                  "_resync_scheduled", "_backoff", "closed", "epoch", "_base")
 
-    def __init__(self, publisher: str, submit: Callable[[list[Any]], asyncio.Future[Any]],
-                 later: Callable[[float, Callable[[], None]], Any], name: str = "") -> None:
+    def __init__(self, publisher: str, submit: Callable[[list[Any]], asyncio.Future[object]],
+                 later: Callable[[float, Callable[[], None]], object], name: str = "") -> None:
         self._base = publisher
         self.publisher = publisher
         self._submit = submit
@@ -114,7 +114,7 @@ class PublisherSession:
         fut.add_done_callback(lambda f: self._outcome(seq, gen, epoch, f))
         return True
 
-    def _outcome(self, seq: int, gen: int, epoch: int, fut: asyncio.Future[Any]) -> None:
+    def _outcome(self, seq: int, gen: int, epoch: int, fut: asyncio.Future[object]) -> None:
         if self.closed or epoch != self.epoch:
             return  # numbers of an earlier identity mean nothing now
         if fut.cancelled():

@@ -104,7 +104,7 @@ class _Outbound:
     peer: str
     host: str
     port: int
-    queue: deque[Any] = field(default_factory=deque)
+    queue: deque[Any] = field(default_factory=deque)  # messages: anything msgpack packs
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     connected: bool = False
@@ -112,12 +112,12 @@ class _Outbound:
     overflowed: bool = False  # a message was dropped from a live connection's queue
 
 
-def _encode(payload: Any) -> bytes:
+def _encode(payload: object) -> bytes:
     body = packb(payload)
     return _LEN.pack(len(body)) + body
 
 
-async def _read_frame(reader: asyncio.StreamReader, max_frame: int) -> Any:
+async def _read_frame(reader: asyncio.StreamReader, max_frame: int) -> Any:  # msgpack-decoded
     """The next frame's decoded payload. Refuses an oversized or undecodable
     frame with TransportError (the connection is then dropped); a stream that
     ends mid-frame raises asyncio.IncompleteReadError. Nothing else."""
@@ -184,7 +184,7 @@ class PeerTransport:
         self.on_peer_down: Callable[[str], None] | None = None
         #: called with a peer's name when a connection to it is established:
         #: the message it returns goes first on the new connection
-        self.on_connect: Callable[[str], Any] | None = None
+        self.on_connect: Callable[[str], object] | None = None
         #: peers currently authenticated on an inbound connection (for status pages)
         self.inbound_peers: dict[str, int] = {}
         #: monotonic time of the last frame each peer sent us (failure
@@ -248,7 +248,7 @@ class PeerTransport:
         out = self._peers.get(peer)
         return out.generation if out is not None and out.connected else -1
 
-    def send(self, peer: str, message: Any) -> None:
+    def send(self, peer: str, message: object) -> None:
         """Queue `message` for `peer` (batched with whatever else is queued)."""
         out = self._peers.get(peer)
         if out is None:
