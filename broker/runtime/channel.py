@@ -389,7 +389,7 @@ class Channel:
     def queue_delete(self, m: C.Queue.Delete) -> None:
         qname = self._queue_name(m.queue, m)
         self._check("configure", "queue", qname, m)
-        record = self.node.queue_record(self._vhost(), qname)
+        record = self.node.registry.queue_record(self._vhost(), qname)
         if record is not None and record.type == "quorum" and (m.if_unused or m.if_empty):
             # RabbitMQ refuses both flags for quorum queues with a connection error.
             flag = "if-unused" if m.if_unused else "if-empty"
@@ -423,7 +423,7 @@ class Channel:
 
     def _queue_timeout(self, q: QueueProcess, consume_args: dict[str, Any] | None) -> int:
         """The delivery acknowledgement timeout (ms) for deliveries from `q`."""
-        record = self.node.queue_record(q.vhost, q.name)
+        record = self.node.registry.queue_record(q.vhost, q.name)
         queue_args = md.thaw_table(record.arguments) if record is not None else None
         pol = md.queue_policy(self.node.meta.state, record) if record is not None else None
         return consumer_timeout_ms(consume_args, queue_args,
@@ -473,7 +473,7 @@ class Channel:
             # the docs speak of a channel error: clients see the reply, so we follow it.
             raise ConnectionError_(540, f"queue '{qname}' in vhost '{self._vhost()}' does not support "
                                         f"global qos", m)
-        record = self.node.queue_record(self._vhost(), qname)
+        record = self.node.registry.queue_record(self._vhost(), qname)
         if record is not None and record.exclusive_owner not in (None, self.conn.id):
             raise ChannelError(405, f"cannot obtain exclusive access to locked queue '{qname}' in "
                                     f"vhost '{self._vhost()}'. It could be originally declared on "
@@ -908,7 +908,7 @@ class Channel:
                 (tag, tuple(sorted(ids))) for tag, ids in sorted(per_tag.items())))
             # Reliable: until applied, the channel's messages stay checked out.
             self.node.queue_command_reliable(uid, down)
-            q = self.node.live_queue(uid)
+            q = self.node.registry.live_queue(uid)
             if q is not None:
                 self.node.declarations.schedule_auto_delete_check(q)
         self.touched.clear()

@@ -22,11 +22,13 @@ this module turns them into publishes to the dead-letter exchange's queues.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import metadata as md
 from broker import queue as qm
@@ -64,14 +66,14 @@ def dead_letter_message(msg: Message, death: dict[str, Any], routing_key: str | 
     return acodec.encode_properties(props), body, rk, headers, props.priority
 
 
-def dl_cycle(queue: str, deaths: Any) -> bool:
+def dl_cycle(queue: str, deaths: object) -> bool:
     """rabbit_dead_letter's cycle check: dead lettering into `queue` cycles if
     the message already died there (x-death, newest first, including this
     death) and no death since then was a rejection (a client's decision)."""
-    def text(v: Any) -> Any:
+    def text(v: object) -> object:
         return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
-    since: list[Any] = []
+    since: list[dict[Any, Any]] = []  # x-death tables: AMQP field tables
     for d in deaths if isinstance(deaths, list) else []:
         if isinstance(d, dict) and text(d.get("queue")) == queue:
             return all(text(x.get("reason")) != "rejected" for x in [*since, d])
@@ -79,15 +81,45 @@ def dl_cycle(queue: str, deaths: Any) -> bool:
     return False
 
 
-class DlxHost:
+class _Metadata(Protocol):
+    @property
+    def state(self) -> md.MetadataState: ...
+
+
+class _Target(Protocol):
+    """A queue a dead letter is routed to."""
+
+    @property
+    def uid(self) -> QueueUid: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def deleted(self) -> bool: ...
+
+
+class _Source(Protocol):
+    """The source queue: its identity and the bodies of its messages."""
+
+    @property
+    def uid(self) -> QueueUid: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def vhost(self) -> str: ...
+    def message(self, index: int) -> Message: ...
+
+
+class DlxHost(Protocol):
     """What the worker needs from its node (a structural type, see Node)."""
 
-    meta: Any
-    incarnation: str
-
-    def queue(self, vhost: str, name: str) -> Any: ...
-    def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> Any: ...
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Any: ...
+    @property
+    def meta(self) -> _Metadata: ...
+    @property
+    def incarnation(self) -> str: ...
+    def queue(self, vhost: str, name: str) -> _Target | None: ...
+    # payload: a queue payload (runtime/wire.py); the future's result, the enqueue reply
+    def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> asyncio.Future[Any]: ...
+    def call_later(self, delay: float, fn: Callable[[], None]) -> object: ...
 
 
 class _Letter:
@@ -108,8 +140,8 @@ class DlxWorker:
     leader (see module docstring). One worker per leadership term: `stop()`
     when leadership or the strategy goes."""
 
-    def __init__(self, host: DlxHost, source: Any,
-                 propose: Callable[[qm.Command], Any]) -> None:
+    def __init__(self, host: DlxHost, source: _Source,
+                 propose: Callable[[qm.Command], asyncio.Future[Any]]) -> None:
         self.host = host
         self.source = source  # the QuorumQueue (reads bodies, vhost, name, uid)
         self._propose = propose
@@ -154,7 +186,7 @@ class DlxWorker:
         death = {"reason": letter.reason.value, "queue": src.name, "count": letter.count}
         props, body, rk, headers, priority = dead_letter_message(msg, death, routing_key)
         routed = md.route(self.host.meta.state, md.VhostName(src.vhost), exchange, rk, headers)
-        targets = []
+        targets: list[_Target] = []
         if not isinstance(routed, md.MetadataError):
             for name in routed:
                 if letter.reason is not qe.DeadLetterReason.REJECTED and dl_cycle(name, headers.get("x-death")):
@@ -173,10 +205,11 @@ class DlxWorker:
             session = self.sessions.get(uid)
             if session is None:
                 session = self.sessions[uid] = PublisherSession(
-                    self.publisher, lambda payload, uid=uid: self.host.submit_enqueue(uid, payload),
+                    self.publisher, functools.partial(self.host.submit_enqueue, uid),
                     self.host.call_later, f"{src.name}-dlx->{q.name}")
             session.publish(len(body), priority, None, props, body, exchange, rk,
-                            lambda ok, letter=letter: self._confirmed(letter, ok, exchange, routing_key))
+                            functools.partial(self._confirmed, letter, exchange=exchange,
+                                              routing_key=routing_key))
 
     def _confirmed(self, letter: _Letter, ok: bool, exchange: str, routing_key: str | None) -> None:
         if self.stopped:
@@ -210,7 +243,7 @@ class DlxWorker:
         fut.add_done_callback(_retrieve)
 
 
-def _retrieve(fut: Any) -> None:
+def _retrieve(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
 

@@ -20,35 +20,54 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sized
 from typing import Any, Protocol
 
 from broker import metadata as md
 from broker import queue as qm
+from broker.common.config import Config
 
 from .placement import place
+
+
+class DeclaredQueue(Protocol):
+    """A local queue process, as far as declare/delete/auto-delete look at it."""
+
+    @property
+    def uid(self) -> tuple[str, str, int]: ...
+    @property
+    def vhost(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def consumers(self) -> Sized: ...
+    @property
+    def deleted(self) -> bool: ...
+    @property
+    def had_consumer(self) -> bool: ...
+    def overview(self) -> Mapping[str, Any]: ...  # JSON-shaped counts
 
 
 class DeclarationsHost(Protocol):
     node_name: str
 
     @property
-    def config(self) -> Any: ...
+    def config(self) -> Config: ...
 
     @property
     def meta_state(self) -> md.MetadataState: ...
 
-    async def meta_execute(self, cmd: Any) -> Any: ...
+    async def meta_execute(self, cmd: md.Command) -> md.Reply | None: ...
 
     def cluster_nodes(self) -> Collection[str]: ...
 
     def peer_connected(self, node: str) -> bool: ...
 
-    def queue(self, vhost: str, name: str) -> Any: ...
+    def queue(self, vhost: str, name: str) -> DeclaredQueue | None: ...
 
-    async def wait_for_leader(self, q: Any, vhost: str, name: str) -> None: ...
+    async def wait_for_leader(self, q: DeclaredQueue | None, vhost: str, name: str) -> None: ...
 
-    async def commands_settled(self, uid: Any, timeout: float = 5.0) -> None: ...
+    async def commands_settled(self, uid: tuple[str, str, int], timeout: float = 5.0) -> None: ...
 
 
 def reply_detail(reply_text: str) -> str:
@@ -78,7 +97,7 @@ class Declarations:
     async def declare_queue(self, vhost: str, name: str, *, durable: bool,
                             exclusive_owner: str | None, auto_delete: bool,
                             arguments: dict[str, Any], passive: bool,
-                            server_named: bool) -> Any:
+                            server_named: bool) -> md.Reply | None:
         """queue.declare: the metadata's reply (`QueueDeclareOk` or a
         `MetadataError`); a new quorum queue is answered once it has a leader."""
         host = self.host
@@ -115,14 +134,14 @@ class Declarations:
         return reply
 
     async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool,
-                           owner: str | None) -> tuple[Any, int]:
+                           owner: str | None) -> tuple[md.Reply | None, int]:
         """queue.delete: (the metadata's reply, the ready messages it held)."""
         q = self.host.queue(vhost, name)
         if q is not None:
             await self.host.commands_settled(q.uid)  # a closed channel's returns count
         consumers = len(q.consumers) if q is not None else 0
         # RabbitMQ counts ready messages (if-empty and delete-ok), not unacked ones
-        count = q.overview().get("messages_ready", 0) if q is not None else 0
+        count: int = q.overview().get("messages_ready", 0) if q is not None else 0
         reply = await self.host.meta_execute(md.DeleteQueue(
             md.VhostName(vhost), md.QueueName(name), if_unused, if_empty, consumers, count, owner))
         return reply, count
@@ -130,13 +149,13 @@ class Declarations:
     def _record(self, vhost: str, name: str) -> md.QueueRecord | None:
         return self.host.meta_state.queues.get((md.VhostName(vhost), md.QueueName(name)))
 
-    async def maybe_auto_delete(self, q: Any) -> None:
+    async def maybe_auto_delete(self, q: DeclaredQueue) -> None:
         record = self._record(q.vhost, q.name)
         if record is None or not record.auto_delete or q.consumers or q.deleted:
             return
         await self.host.meta_execute(md.DeleteQueue(md.VhostName(q.vhost), md.QueueName(q.name)))
 
-    def schedule_auto_delete_check(self, q: Any) -> None:
+    def schedule_auto_delete_check(self, q: DeclaredQueue) -> None:
         record = self._record(q.vhost, q.name)
         if record is None or not record.auto_delete or q.consumers:
             return
@@ -157,7 +176,8 @@ class Declarations:
 _background: set[asyncio.Future[Any]] = set()
 
 
-def _spawn(coro: Any, done: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
+def _spawn(coro: Coroutine[Any, Any, object],
+           done: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
     """Run a metadata command in the background (kept referenced until done)."""
     fut = asyncio.ensure_future(coro)
     _background.add(fut)

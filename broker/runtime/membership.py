@@ -76,7 +76,7 @@ class Membership:
 
     # ------------------------------------------------------------ helpers
     def _record(self, vhost: str, queue: str) -> md.QueueRecord:
-        r = self.node.queue_record(vhost, queue)
+        r = self.node.registry.queue_record(vhost, queue)
         if r is None:
             raise MembershipError(404, f"no queue '{queue}' in vhost '{vhost}'")
         if r.type != "quorum":

@@ -284,7 +284,7 @@ class NodePort:
         return SegmentUsage(len(files), size)
 
     def group_id(self, record: md.QueueRecord) -> str:
-        return self._node._group_id(record)
+        return self._node.registry.group_id(record)
 
     def data_dir(self) -> str:
         storage = self._node.storage

@@ -26,8 +26,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
 from broker import metadata as md
 from broker import queue as qm
 from broker import storage as st
@@ -42,11 +40,9 @@ from . import wire
 from .alarms import Alarms
 from .amqp_server import AmqpConnection
 from .backoff import Backoff
-from .classic import DurableClassicQueue
-from .classic import group_id as classic_group_id
 from .cluster import Cluster, NotLeaderHere
 from .dead_letter import dead_letter_message, dl_cycle
-from .declarations import Declarations, qq_args
+from .declarations import Declarations
 from .definitions import DefinitionsError, load_definitions_file
 from .errors import QueueGone
 from .limits import ConnectionLimits
@@ -54,9 +50,10 @@ from .liveness import Liveness
 from .membership import Membership
 from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
-from .queues import ClassicQueue, Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
+from .queues import Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
 from .quiesce import PASS_TICKS, Quiescence
 from .raft_group import ProposalReplaced
+from .registry import Registry
 
 log = logging.getLogger("broker.node")
 #: how often the node's storage figures (/api/nodes) are measured again
@@ -78,7 +75,10 @@ class Node:
         self.tick_s = tick_ms / 1000
         election_ticks = max(2, config["raft.election_timeout_ms"] // tick_ms)
         self.raft_config = RaftConfig(election_tick=election_ticks, heartbeat_tick=1)
-        self.queues: dict[tuple[str, str], QueueProcess] = {}
+        #: the queue processes, Raft groups and classic logs of this node (runtime/registry.py)
+        self.registry = Registry(self, config["raft.snapshot_interval"])
+        #: the registry's table of queue processes (the same dict), for the many readers
+        self.queues = self.registry.queues
         self.connections: set[AmqpConnection] = set()
         self.storage: st.LogManager | None = None
         self.meta: MetadataStore = None  # type: ignore[assignment]
@@ -86,12 +86,10 @@ class Node:
         self._tls_server: asyncio.base_events.Server | None = None
         self.tls_port = 0  # the AMQP over TLS listener's port (0: off)
         self._tick_task: asyncio.Task[None] | None = None
-        self._groups_by_id: dict[str, Any] = {}
+        groups = self.registry.groups
         # idle groups stop ticking; peers are watched instead (runtime/quiesce.py)
-        self.quiescence = Quiescence(None, self._groups_by_id.values, self._groups_by_id.get,
+        self.quiescence = Quiescence(None, groups.values, groups.get,
                                      skip=(META_GROUP,), interval_s=PASS_TICKS * self.tick_s)
-        # durable classic queues on this node, by storage group id (runtime/classic.py)
-        self._classic_logs: dict[str, DurableClassicQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._auto_delete_pending: set[tuple[str, str]] = set()
         #: this node's storage figures (storage.manifest.node_usage), refreshed
@@ -117,9 +115,6 @@ class Node:
         self.alarm_resources: frozenset[str] = frozenset()
         self._alarm_task: asyncio.Task[None] | None = None
         self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
-        # Queue members on this node that could not start (their storage is
-        # unusable): queue key -> reason. Reported by status and health checks.
-        self.failed_members: dict[tuple[str, str], str] = {}
         self._stopping = False
         self._dequeued_bodies: dict[tuple[str, str, int], Message] = {}
 
@@ -169,12 +164,12 @@ class Node:
         self.meta = MetadataStore(
             self.node_name, meta_glog,
             [] if joining else members, self.send_raft,
-            self.raft_config, self._meta_effects, self._forward_meta,
+            self.raft_config, self.registry.meta_effects, self._forward_meta,
             learner=joining, on_cluster_node=self._learned_node,
             default_user=self.config["default_user"],
             default_pass=self.config["default_pass"], default_vhost=self.config["default_vhost"],
         )
-        self._groups_by_id[META_GROUP] = self.meta.group
+        self.registry.groups[META_GROUP] = self.meta.group
         # A fresh replica (empty log, no snapshot): the cluster is being created.
         fresh = self.meta.glog.last_index() == 0 and self.meta.glog.latest_snapshot() is None
         if len(members) == 1:
@@ -195,7 +190,7 @@ class Node:
         self._alarm_task = loop.create_task(self._alarm_loop())
         # Re-open local members of queues the metadata lists (a restart).
         for record in list(self.meta.state.queues.values()):
-            self._start_queue(record)
+            self.registry.start_queue(record)
         # Channels of this node's previous life still holding messages (or a
         # publisher entry) in its queues closed while it was down: close them
         # as a channel closing now is closed (reliably, counted by
@@ -206,8 +201,8 @@ class Node:
                 for ch in q.gone_channels():
                     if self.liveness.is_local(ch):
                         self.queue_command_reliable(q.uid, qm.ChannelDown(ch))
-        self._drop_orphan_classic_logs()
-        await self._delete_stale_temporaries()
+        self.registry.drop_orphan_classic_logs()
+        await self.registry.delete_stale_temporaries()
         if fresh and self.config["load_definitions"] and self.meta.group.is_leader:
             # Once, by the node that created the cluster, before clients can connect.
             await load_definitions_file(self, self.config["load_definitions"])
@@ -240,7 +235,7 @@ class Node:
         # From here on, callbacks from storage threads and late Readies must
         # not touch closed storage or transport (nor report groups stopped).
         self._stopping = True
-        for g in list(self._groups_by_id.values()):
+        for g in list(self.registry.groups.values()):
             g.shutting_down = True
         if self.mgmt is not None:
             await self.mgmt.close()
@@ -326,7 +321,7 @@ class Node:
                     self.quiescence.run_pass()
                 except Exception:  # noqa: BLE001 - never stop every group's ticks
                     log.exception("quiescence pass failed")
-            for g in list(self._groups_by_id.values()):
+            for g in list(self.registry.groups.values()):
                 if not g.quiesced:
                     g.tick()
 
@@ -337,18 +332,18 @@ class Node:
         self.quiescence.still_quiet_from(peer, msg)
 
     def _durable(self, group_id: str) -> None:
-        g = self._groups_by_id.get(group_id) or self._classic_logs.get(group_id)
+        g = self.registry.storage_group(group_id)
         if g is not None and not self._stopping:
             g.on_durable()
 
     def _storage_error(self, group_id: str, exc: BaseException) -> None:
-        g = self._groups_by_id.get(group_id) or self._classic_logs.get(group_id)
+        g = self.registry.storage_group(group_id)
         if g is not None and not self._stopping:
             g.on_storage_error(exc)
 
     def log_status(self) -> None:
         """SIGUSR1: write every Raft group's status and queue counts to the log."""
-        for gid, g in sorted(self._groups_by_id.items()):
+        for gid, g in sorted(self.registry.groups.items()):
             st_ = g.node.status()
             log.warning("status %s: role=%s term=%s leader=%s commit=%s applied=%s last=%s "
                         "first=%s config=%s progress=%s", gid, st_.role.name, st_.term, st_.leader,
@@ -370,8 +365,8 @@ class Node:
         the health check `raft-groups`, the metric qq_raft_groups_stopped and
         SIGUSR1's status dump."""
         out = {gid: f"{type(g.stopped).__name__}: {g.stopped}"
-               for gid, g in self._groups_by_id.items() if g.stopped is not None}
-        for (vhost, name), reason in self.failed_members.items():
+               for gid, g in self.registry.groups.items() if g.stopped is not None}
+        for (vhost, name), reason in self.registry.failed_members.items():
             out[f"{vhost}/{name}"] = reason
         return out
 
@@ -380,7 +375,7 @@ class Node:
             self.cluster.send_raft(dst, msg)
 
     def step_group(self, group_id: str, msg: Any) -> None:
-        g = self._groups_by_id.get(group_id)
+        g = self.registry.groups.get(group_id)
         if g is not None:
             g.step(msg)
 
@@ -542,7 +537,7 @@ class Node:
         assert self._loop is not None
         self.quiescence.leader_lost(peer)
         me = self.node_name
-        for g in list(self._groups_by_id.values()):
+        for g in list(self.registry.groups.values()):
             if g.leader == peer and not g.is_leader and g.node.promotable:
                 # Every follower sees the same broken connection: all of them
                 # give up the lease, so a pre-vote can win at once (the
@@ -597,7 +592,7 @@ class Node:
     def recorded_leader(self, vhost: str, name: str) -> str | None:
         if vhost == "" and name == META_GROUP:
             return self.meta.group.leader
-        r = self.queue_record(vhost, name)
+        r = self.registry.queue_record(vhost, name)
         return r.leader if r is not None else None
 
     def forward(self, leader: str, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
@@ -762,7 +757,7 @@ class Node:
     def leader_elected(self, vhost: str, name: str, term: int) -> None:
         """Record this node as the queue's leader, elected in `term` (the
         metadata keeps the latest term's leader whatever order reports land in)."""
-        r = self.queue_record(vhost, name)
+        r = self.registry.queue_record(vhost, name)
         if r is not None and (r.leader != self.node_name or r.leader_term < term):
             fut = asyncio.ensure_future(self.meta.execute(md.SetQueueLeader(
                 md.VhostName(vhost), md.QueueName(name), md.NodeName(self.node_name), term)))
@@ -771,280 +766,6 @@ class Node:
     # ------------------------------------------------------------ metadata
     async def meta_execute(self, cmd: Any) -> Any:
         return await self.meta.execute(cmd)
-
-    def _meta_effects(self, effects: list[Any]) -> None:
-        for eff in effects:
-            t = type(eff)
-            if t is md.QueueDeclared:
-                self._start_queue(eff.record)
-            elif t is md.QueueDeleted:
-                self._stop_queue(eff.record)
-            elif t is md.PolicyChanged:
-                for vhost, name in eff.queues:
-                    self._push_policy(vhost, name)
-            elif t is md.MembersChanged:
-                self._members_changed(eff)
-
-    def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
-        return self.meta.state.queues.get((md.VhostName(vhost), md.QueueName(name)))
-
-    def queue(self, vhost: str, name: str) -> QueueProcess | None:
-        return self.queues.get((vhost, name))
-
-    def _config_for(self, record: md.QueueRecord) -> qm.QueueConfig:
-        state = self.meta.state
-        args = md.thaw_table(record.arguments)
-        if record.type == "quorum":
-            args = qq_args(args)
-            pol = md.queue_policy(state, record)
-            opol = md.queue_operator_policy(state, record)
-            return qm.parse_queue_arguments(
-                args, record.name, record.vhost,
-                md.thaw_table(pol.definition) if pol else None,
-                md.thaw_table(opol.definition) if opol else None)
-        return classic_config(record.name, record.vhost, args)
-
-    def _group_id(self, record: md.QueueRecord) -> str:
-        return f"{record.vhost}/{record.name}/{record.created_at}"
-
-    def _start_queue(self, record: md.QueueRecord, joining: bool = False) -> None:
-        key = (record.vhost, record.name)
-        if key in self.queues:
-            return
-        uid: QueueUid = (record.vhost, record.name, record.created_at)
-        if self.node_name not in record.members:
-            # No member here: a proxy so local channels can use the queue.
-            proxy = RemoteQueue(self, record.vhost, record.name,
-                                classic_config(record.name, record.vhost, {}))
-            proxy.uid = uid
-            self.queues[key] = proxy
-            return
-        try:
-            config = self._config_for(record)
-        except qm.QueueArgumentError as exc:
-            log.error("queue %s/%s: invalid configuration: %s", record.vhost, record.name, exc)
-            return
-        q: QueueProcess
-        if record.type == "quorum":
-            assert self.storage is not None
-            gid = self._group_id(record)
-            glog = None
-            try:
-                glog = self.storage.open_group(gid)
-                voters = self._bootstrap_voters(record, glog, joining)
-                q = QuorumQueue(self, record.vhost, record.name, config, glog,
-                                voters, self.raft_config, learner=not voters)
-            except st.StorageError as exc:
-                # This member's data is unusable (corrupt file, unreadable
-                # snapshot) or cannot be created (a full disk): it stays stopped, the node and the queue's other
-                # members go on; local clients reach the leader elsewhere.
-                log.error("queue %s/%s: member on this node stopped: %s", record.vhost, record.name, exc)
-                self.failed_members[key] = f"{type(exc).__name__}: {exc}"
-                if glog is not None:
-                    glog.close()  # (its bootstrap record could not be written)
-                proxy = RemoteQueue(self, record.vhost, record.name,
-                                    classic_config(record.name, record.vhost, {}))
-                proxy.uid = uid
-                self.queues[key] = proxy
-                return
-            q.snapshot_every = self.config["raft.snapshot_interval"]  # type: ignore[union-attr]
-            self._groups_by_id[gid] = q.group  # type: ignore[union-attr]
-            if voters and (len(record.members) == 1 or (record.leader == self.node_name
-                                                        and q.group.glog.last_index() == 0)):  # type: ignore[union-attr]
-                self._campaign_until_led(q, time.monotonic() + 5.0)
-        elif _durable_classic(record):
-            assert self.storage is not None
-            gid = classic_group_id(record.vhost, record.name, record.created_at)
-            glog = None
-            try:
-                glog = self.storage.open_group(gid)
-                q = DurableClassicQueue(self, record.vhost, record.name, config, glog,
-                                        self.config["raft.snapshot_interval"])
-            except Exception as exc:  # noqa: BLE001 - unusable data (corrupt file, bad entry)
-                # Node-local: there is no other copy to serve it. The queue
-                # stays down (reported like a stopped member); the node goes on.
-                log.error("classic queue %s/%s: could not recover its log: %s", record.vhost,
-                          record.name, exc)
-                self.failed_members[key] = f"{type(exc).__name__}: {exc}"
-                if glog is not None:
-                    glog.close()
-                return
-            self._classic_logs[gid] = q
-        else:
-            q = ClassicQueue(self, record.vhost, record.name, config)
-        q.uid = uid
-        self.queues[key] = q
-
-    @staticmethod
-    def _bootstrap_voters(record: md.QueueRecord, glog: Any, joining: bool) -> list[str]:
-        """The voters this member's Raft group starts from until its log (or
-        snapshot) says otherwise; decided once, when the group is created
-        here, and kept beside its log so a restart decides the same.
-
-        The queue's declared members start from that list. Any member created
-        later (added by a membership change, or first started here after one:
-        the record's `members_index` is set) starts with no voters, as a
-        learner that cannot campaign and takes its configuration from the
-        leader. Never today's member list: with an empty or short log, a node
-        that took it for the configuration could win an election among other
-        such nodes and overwrite committed entries."""
-        raw = glog.read_bootstrap()
-        if raw is not None:
-            return [str(m) for m in msgpack.unpackb(raw)]
-        if glog.last_index() != 0 or glog.snapshot_meta() is not None or glog.hard_state().term:
-            return list(record.members)  # a group created before bootstrap records existed
-        voters: list[str] = [] if joining or record.members_index else list(record.members)
-        glog.write_bootstrap(msgpack.packb(voters))
-        return voters
-
-    def _members_changed(self, eff: Any) -> None:
-        """A member joined or left: start a joining member here (as a learner
-        that waits for the leader's log), or stop the one leaving. The queue's
-        process is replaced, not the queue: its identity (uid), consumers and
-        blocked publishers carry over, and channels find the new process by
-        the identity (their publish numbering, unacked messages and pending
-        settles continue); pending proposals of the old process fail as
-        ProposalUnknown and are re-sent through the new one."""
-        record = self.queue_record(eff.vhost, eff.name)
-        if record is None:
-            return
-        me = self.node_name
-        key = (record.vhost, record.name)
-        q = self.queues.get(key)
-        if me in eff.new and me not in eff.old:
-            if isinstance(q, QuorumQueue):
-                return  # the replica kept below, listed again: it runs on
-            if q is not None:
-                q.close()
-                del self.queues[key]
-            self._start_queue(record, joining=True)
-            new_q = self.queues.get(key)
-            if q is not None and new_q is not None:
-                self._carry_over(q, new_q)
-        elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
-            raft = q.group.node
-            if me in raft.config.members and raft.config_index >= record.members_index:
-                # The record's list is not from a configuration after the one
-                # this replica knows, which still has it (an unindexed list):
-                # deleting the replica could cost the group its quorum for
-                # good. Kept; a later report settles it. (A removed member
-                # never applied its removal, so its configuration is older.)
-                log.warning("queue %s/%s: the metadata no longer lists this node but its Raft "
-                            "configuration at %d (the record's is from %d) does: member kept",
-                            record.vhost, record.name, raft.config_index, record.members_index)
-                fut = asyncio.ensure_future(self.membership.sync_members(record.vhost, record.name))
-                fut.add_done_callback(_log_failure)
-                return
-            q.close()
-            self._drop_group(q)
-            del self.queues[key]
-            proxy = RemoteQueue(self, record.vhost, record.name, classic_config(record.name, record.vhost, {}))
-            proxy.uid = (record.vhost, record.name, record.created_at)
-            self._carry_over(q, proxy)
-            self.queues[key] = proxy
-
-    @staticmethod
-    def _carry_over(old: QueueProcess, new: QueueProcess) -> None:
-        new.consumers.update(old.consumers)
-        for consumer in old.consumers.values():
-            consumer.queue = new
-        new.blocked_publishers |= old.blocked_publishers
-        new.had_consumer = new.had_consumer or old.had_consumer
-
-    def _drop_group(self, q: QuorumQueue) -> None:
-        """The queue (or this member) is gone: delete its log for good."""
-        gid = q.glog.group_id
-        self._groups_by_id.pop(gid, None)
-        q.glog.close()
-        try:
-            assert self.storage is not None
-            self.storage.delete_group(gid)
-        except st.StorageError as exc:
-            log.error("could not delete the data of %s: %s", gid, exc)
-
-    def _campaign_until_led(self, q: Any, deadline: float) -> None:
-        """The designated leader of a new group campaigns until a leader is
-        known: its first (pre-)votes may reach peers that have not applied
-        the declaration yet and drop them."""
-        if q.deleted or q.group.leader is not None or time.monotonic() > deadline:
-            return
-        q.group.campaign()
-        assert self._loop is not None
-        self._loop.call_later(0.1, self._campaign_until_led, q, deadline)
-
-    def _stop_queue(self, record: md.QueueRecord) -> None:
-        q = self.queues.pop((record.vhost, record.name), None)
-        if q is None:
-            if self.failed_members.pop((record.vhost, record.name), None) is not None and \
-                    _durable_classic(record) and self.node_name in record.members:
-                self._drop_classic_log(classic_group_id(record.vhost, record.name, record.created_at))
-            return
-        for consumer in list(q.consumers.values()):
-            consumer.cancelled_by_server()
-        q.consumers.clear()
-        q.close()
-        if isinstance(q, QuorumQueue):
-            self._drop_group(q)
-        elif isinstance(q, DurableClassicQueue):
-            q.glog.close()
-            self._drop_classic_log(q.group_id)
-
-    def _drop_classic_log(self, gid: str) -> None:
-        """A durable classic queue is deleted: its log goes too."""
-        self._classic_logs.pop(gid, None)
-        try:
-            assert self.storage is not None
-            self.storage.delete_group(gid)
-        except st.StorageError as exc:
-            log.error("could not delete the data of %s: %s", gid, exc)
-
-    async def _delete_stale_temporaries(self) -> None:
-        """Classic queues that do not outlive their node (non-durable or
-        exclusive) and are homed here were lost
-        with the last run: delete their definitions before clients can
-        connect, as RabbitMQ deletes transient queues on a restart (and an
-        exclusive queue's owner connection is gone for good; a new connection
-        must never inherit it)."""
-        me = md.NodeName(self.node_name)
-        stale = [r for r in self.meta.state.queues.values()
-                 if r.type != "quorum" and r.members[:1] == (me,) and not _durable_classic(r)]
-        for r in stale:
-            try:
-                reply = await asyncio.wait_for(self.meta.execute(md.DeleteQueue(
-                    r.vhost, r.name, owner=r.exclusive_owner)), 30)
-            except Exception as exc:  # noqa: BLE001 - a timeout or a lost leader: logged, retried next start
-                log.warning("could not delete the transient queue %s/%s: %s", r.vhost, r.name, exc)
-                continue
-            if isinstance(reply, md.MetadataError):
-                log.warning("could not delete the transient queue %s/%s: %s", r.vhost, r.name, reply)
-            else:
-                log.info("deleted the transient queue %s/%s (its node restarted)", r.vhost, r.name)
-
-    def _drop_orphan_classic_logs(self) -> None:
-        """Logs of durable classic queues deleted while this node was down
-        (a metadata snapshot carries no deletion): the group id holds the
-        declaration's creation time, so a log whose record is gone is garbage."""
-        assert self.storage is not None
-        want = {classic_group_id(r.vhost, r.name, r.created_at)
-                for r in self.meta.state.queues.values() if _durable_classic(r)}
-        for gid in self.storage.group_ids():
-            if gid.startswith("classic:") and gid not in want:
-                log.info("deleting the log of a deleted classic queue: %s", gid)
-                self._drop_classic_log(gid)
-
-    def _push_policy(self, vhost: str, name: str) -> None:
-        q = self.queues.get((vhost, name))
-        record = self.queue_record(vhost, name)
-        if q is None or record is None or not q.is_leader:
-            return
-        try:
-            config = self._config_for(record)
-        except qm.QueueArgumentError as exc:
-            log.error("queue %s/%s: policy not applied: %s", vhost, name, exc)
-            return
-        # through the same re-send-until-applied path as settles: a policy
-        # change lost with a leader change would otherwise never apply
-        self.queue_command_reliable(q.uid, qm.UpdateConfig(config))
 
     # ------------------------------------------------------------ declarations
     # (runtime/declarations.py: callers use `node.declarations`; these are the
@@ -1067,17 +788,16 @@ class Node:
     def queue_expired(self, vhost: str, name: str) -> None:
         self.declarations.queue_expired(vhost, name)
 
-    # ------------------------------------------------------------ queue commands
-    def live_queue(self, uid: QueueUid) -> QueueProcess | None:
-        """The process of the queue with this identity on this node right now
-        (membership changes replace processes), or None once it is gone."""
-        q = self.queues.get((uid[0], uid[1]))
-        return q if q is not None and q.uid == uid and not q.deleted else None
+    def queue(self, vhost: str, name: str) -> QueueProcess | None:
+        """This node's process of a queue (the registry's; for the hosts the
+        node is: declarations, dead-letter workers, the cluster, channels)."""
+        return self.registry.queue(vhost, name)
 
+    # ------------------------------------------------------------ queue commands
     def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> asyncio.Future[Any]:
         """A publisher session's enqueue, routed by the queue's current process
         (a local leader proposes it, anything else forwards it)."""
-        q = self.live_queue(uid)
+        q = self.registry.live_queue(uid)
         if q is None:
             raise QueueGone(f"queue '{uid[1]}' in vhost '{uid[0]}' is gone")
         return q._submit(payload)
@@ -1096,7 +816,7 @@ class Node:
         msg = self._dequeued_bodies.pop((q.vhost, q.name, index), None)
         if msg is not None:
             return msg
-        for cand in (q, self.live_queue(q.uid)):
+        for cand in (q, self.registry.live_queue(q.uid)):
             if cand is None:
                 continue
             try:
@@ -1117,7 +837,7 @@ class Node:
         uid = q.uid
         deadline = time.monotonic() + 30
         while True:
-            cur = self.live_queue(uid)
+            cur = self.registry.live_queue(uid)
             if cur is None:
                 raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is gone")
             try:
@@ -1189,13 +909,6 @@ class Node:
                     log.warning("dead letter to %s failed: %s", qname, exc)
 
 
-def _durable_classic(record: md.QueueRecord) -> bool:
-    """Classic queues whose persistent messages survive a restart (RabbitMQ:
-    durable ones, auto-delete or not; exclusive queues go with their
-    connection)."""
-    return record.type != "quorum" and record.durable and record.exclusive_owner is None
-
-
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
     """From the storage threads onto the loop (a no-op once the loop closed)."""
     try:
@@ -1207,26 +920,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
 def _log_failure(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("queue command failed: %s", fut.exception())
-
-
-def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfig:
-    """Classic queues use the same machine with classic semantics: no delivery limit."""
-    def num(key: str) -> int | None:
-        v = args.get(key)
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-    overflow = args.get("x-overflow", "drop-head")
-    if overflow not in ("drop-head", "reject-publish"):
-        overflow = "drop-head"
-    return qm.QueueConfig(
-        name=name, vhost=vhost, max_length=num("x-max-length"),
-        max_length_bytes=num("x-max-length-bytes"), overflow=overflow,
-        message_ttl_ms=num("x-message-ttl"), expires_ms=num("x-expires"),
-        dead_letter_exchange=args.get("x-dead-letter-exchange"),
-        dead_letter_routing_key=args.get("x-dead-letter-routing-key"),
-        delivery_limit=None, requeue_in_place=True,
-        single_active_consumer=bool(args.get("x-single-active-consumer", False)),
-    )
 
 
 class _ReliableCommand:
@@ -1243,7 +936,7 @@ class _ReliableCommand:
         self.backoff = Backoff(0.01, 1.0)
 
     def submit(self) -> None:
-        q = self.node.live_queue(self.uid)
+        q = self.node.registry.live_queue(self.uid)
         if q is None or self.node._loop is None:
             self.node._reliable_finished(self.uid)
             return  # the queue is gone: nothing left to settle
@@ -1269,7 +962,7 @@ class _ReliableCommand:
         self._again()
 
     def _again(self) -> None:
-        if self.node.live_queue(self.uid) is None or self.node._loop is None:
+        if self.node.registry.live_queue(self.uid) is None or self.node._loop is None:
             self.node._reliable_finished(self.uid)
             return
         self.node._loop.call_later(self.backoff.next(), self.submit)

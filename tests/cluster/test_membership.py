@@ -110,7 +110,7 @@ async def test_membership_operations(nodes: list[Node]) -> None:
         await m.delete_member("/", "m1", n1.node_name)
     assert err.value.status == 409 and "online quorum" in err.value.reason
     await m.delete_member("/", "m1", n1.node_name, force=True)
-    assert n0.queue_record("/", "m1").members == (n0.node_name, n2.node_name)
+    assert n0.registry.queue_record("/", "m1").members == (n0.node_name, n2.node_name)
 
     # n2 restarts with its data and rejoins as itself
     n2 = Node(cfg2)
@@ -150,11 +150,11 @@ async def test_changes_made_from_a_stale_metadata_copy_follow_the_raft_configura
                                                             "x-quorum-initial-group-size": 1})
     for i in range(30):
         await ch.default_exchange.publish(aio_pika.Message(f"s-{i}".encode()), routing_key="stale")
-    (a,) = nodes[0].queue_record("/", "stale").members
+    (a,) = nodes[0].registry.queue_record("/", "stale").members
     b, c = sorted(n for n in by_name if n != a)
     m = nodes[0].membership
     await m.add_member("/", "stale", b)
-    stale = nodes[0].queue_record("/", "stale")
+    stale = nodes[0].registry.queue_record("/", "stale")
     assert set(stale.members) == {a, b}
     await m.add_member("/", "stale", c)
 
@@ -166,7 +166,7 @@ async def test_changes_made_from_a_stale_metadata_copy_follow_the_raft_configura
     monkeypatch.undo()
     assert (await m.raft_config("/", "stale")).members == {a, c}
     for n in nodes:
-        await _until(lambda n=n: set(n.queue_record("/", "stale").members) == {a, c})
+        await _until(lambda n=n: set(n.registry.queue_record("/", "stale").members) == {a, c})
     assert isinstance(by_name[c].queues[("/", "stale")], QuorumQueue)
     await _until(lambda: not isinstance(nb.queues[("/", "stale")], QuorumQueue))
 
@@ -177,7 +177,7 @@ async def test_changes_made_from_a_stale_metadata_copy_follow_the_raft_configura
     await nodes[0].meta_execute(md.SetQueueMembers(md.VhostName("/"), md.QueueName("stale"),
                                                    (md.NodeName(a),)))
     for n in nodes:
-        await _until(lambda n=n: set(n.queue_record("/", "stale").members) == {a, c})
+        await _until(lambda n=n: set(n.registry.queue_record("/", "stale").members) == {a, c})
     assert by_name[c].queues[("/", "stale")] is replica and not replica.deleted
 
     # Acks commit only with c's replica ({a, c} is the quorum): all 30 come back.

@@ -248,6 +248,7 @@ class _FakeNode:
     def __init__(self, q: _FakeQueue) -> None:
         self.q: _FakeQueue | None = q
         self._loop = asyncio.get_running_loop()
+        self.registry = self  # live_queue
 
         self.finished: list[Any] = []  # what Node.commands_settled counts down
 

@@ -1,0 +1,413 @@
+"""The queue registry: which queue processes run on this node, and the
+interpreter of the metadata group's effects that starts and stops them.
+
+Where it sits: a collaborator of the node (`Node.registry`). The metadata
+group hands its effects to `meta_effects` as it applies them: a declared
+queue gets a process here (`QuorumQueue` for a member on this node,
+`DurableClassicQueue` or `ClassicQueue` for a classic queue homed here, a
+`RemoteQueue` proxy otherwise), a deleted one is stopped and its data
+deleted, a policy change is pushed to the queues this node leads, and a
+membership change starts a joining member here (a learner) or replaces the
+leaving one by a proxy, carrying consumers and blocked publishers over (the
+queue's identity, `uid`, stays). At start the node asks it to reopen every
+member the metadata lists (`start_queue`), to delete the logs of durable
+classic queues deleted while it was down and the definitions of transient
+queues that did not outlive the last run.
+
+It owns the node's table of queue processes (`queues`, by (vhost, name)),
+of Raft groups by storage group id (`groups`: the node's ticker, quiescence
+and storage callbacks find them there), of durable classic logs
+(`classic_logs`) and of members that could not start (`failed_members`).
+
+It sees the node through `RegistryHost` (the queues' own `Host`, plus the
+storage, the metadata and the reliable-command path), so it is unit-tested
+with real storage and no process (tests/runtime/test_registry.py).
+May import: the pure cores, storage, and the queue process modules
+(`queues`, `classic`, `raft_group`), `declarations.qq_args`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+import msgpack
+
+from broker import metadata as md
+from broker import queue as qm
+from broker import storage as st
+from broker.raft import RaftConfig
+
+from .classic import DurableClassicQueue
+from .classic import group_id as classic_group_id
+from .declarations import qq_args
+from .queues import ClassicQueue, Host, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
+from .raft_group import RaftGroup
+
+log = logging.getLogger("broker.registry")
+
+
+class MemberSync(Protocol):
+    """The part of membership (runtime/membership.py) the registry uses."""
+
+    def sync_members(self, vhost: str, name: str) -> Awaitable[Any]: ...
+
+
+class RegistryHost(Host, Protocol):
+    """What the registry needs from its node: to be the queues' `Host`, and
+    the storage, the metadata and the reliable command path."""
+
+    raft_config: RaftConfig
+    storage: st.LogManager | None
+
+    @property
+    def membership(self) -> MemberSync: ...
+
+    @property
+    def meta_state(self) -> md.MetadataState: ...
+
+    async def meta_execute(self, cmd: Any) -> Any: ...
+
+    def queue_command_reliable(self, uid: QueueUid, cmd: qm.Command,
+                               on_applied: Any = None) -> None: ...
+
+
+class Registry:
+    def __init__(self, host: RegistryHost, snapshot_interval: int) -> None:
+        self.host = host
+        self.snapshot_interval = snapshot_interval
+        #: the queue processes on this node, by (vhost, name)
+        self.queues: dict[tuple[str, str], QueueProcess] = {}
+        #: every Raft group on this node (the metadata group included), by storage group id
+        self.groups: dict[str, RaftGroup] = {}
+        #: durable classic queues on this node, by storage group id (runtime/classic.py)
+        self.classic_logs: dict[str, DurableClassicQueue] = {}
+        #: members that could not start (their storage is unusable): queue key ->
+        #: reason. Reported by status and health checks.
+        self.failed_members: dict[tuple[str, str], str] = {}
+
+    # ------------------------------------------------------------ lookups
+    def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
+        return self.host.meta_state.queues.get((md.VhostName(vhost), md.QueueName(name)))
+
+    def queue(self, vhost: str, name: str) -> QueueProcess | None:
+        return self.queues.get((vhost, name))
+
+    def live_queue(self, uid: QueueUid) -> QueueProcess | None:
+        """The process of the queue with this identity on this node right now
+        (membership changes replace processes), or None once it is gone."""
+        q = self.queues.get((uid[0], uid[1]))
+        return q if q is not None and q.uid == uid and not q.deleted else None
+
+    def storage_group(self, group_id: str) -> RaftGroup | DurableClassicQueue | None:
+        """Whom a storage callback (durable, error) for this group id is for."""
+        return self.groups.get(group_id) or self.classic_logs.get(group_id)
+
+    @staticmethod
+    def group_id(record: md.QueueRecord) -> str:
+        """A quorum queue member's storage group id (one per declaration)."""
+        return f"{record.vhost}/{record.name}/{record.created_at}"
+
+    def config_for(self, record: md.QueueRecord) -> qm.QueueConfig:
+        state = self.host.meta_state
+        args = md.thaw_table(record.arguments)
+        if record.type == "quorum":
+            args = qq_args(args)
+            pol = md.queue_policy(state, record)
+            opol = md.queue_operator_policy(state, record)
+            return qm.parse_queue_arguments(
+                args, record.name, record.vhost,
+                md.thaw_table(pol.definition) if pol else None,
+                md.thaw_table(opol.definition) if opol else None)
+        return classic_config(record.name, record.vhost, args)
+
+    # ------------------------------------------------------------ metadata effects
+    def meta_effects(self, effects: list[Any]) -> None:
+        for eff in effects:
+            t = type(eff)
+            if t is md.QueueDeclared:
+                self.start_queue(eff.record)
+            elif t is md.QueueDeleted:
+                self._stop_queue(eff.record)
+            elif t is md.PolicyChanged:
+                for vhost, name in eff.queues:
+                    self._push_policy(vhost, name)
+            elif t is md.MembersChanged:
+                self._members_changed(eff)
+
+    def start_queue(self, record: md.QueueRecord, joining: bool = False) -> None:
+        key = (record.vhost, record.name)
+        if key in self.queues:
+            return
+        uid: QueueUid = (record.vhost, record.name, record.created_at)
+        if self.host.node_name not in record.members:
+            # No member here: a proxy so local channels can use the queue.
+            self.queues[key] = self._proxy(record)
+            return
+        try:
+            config = self.config_for(record)
+        except qm.QueueArgumentError as exc:
+            log.error("queue %s/%s: invalid configuration: %s", record.vhost, record.name, exc)
+            return
+        q: QueueProcess
+        storage = self.host.storage
+        if record.type == "quorum":
+            assert storage is not None
+            gid = self.group_id(record)
+            glog = None
+            try:
+                glog = storage.open_group(gid)
+                voters = bootstrap_voters(record, glog, joining)
+                qq = QuorumQueue(self.host, record.vhost, record.name, config, glog,
+                                 voters, self.host.raft_config, learner=not voters)
+            except st.StorageError as exc:
+                # This member's data is unusable (corrupt file, unreadable
+                # snapshot) or cannot be created (a full disk): it stays stopped, the node and the queue's other
+                # members go on; local clients reach the leader elsewhere.
+                log.error("queue %s/%s: member on this node stopped: %s", record.vhost, record.name, exc)
+                self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+                if glog is not None:
+                    glog.close()  # (its bootstrap record could not be written)
+                self.queues[key] = self._proxy(record)
+                return
+            qq.snapshot_every = self.snapshot_interval
+            self.groups[gid] = qq.group
+            if voters and (len(record.members) == 1 or (record.leader == self.host.node_name
+                                                        and qq.group.glog.last_index() == 0)):
+                self._campaign_until_led(qq, time.monotonic() + 5.0)
+            q = qq
+        elif durable_classic(record):
+            assert storage is not None
+            gid = classic_group_id(record.vhost, record.name, record.created_at)
+            glog = None
+            try:
+                glog = storage.open_group(gid)
+                dq = DurableClassicQueue(self.host, record.vhost, record.name, config, glog,
+                                         self.snapshot_interval)
+            except Exception as exc:  # noqa: BLE001 - unusable data (corrupt file, bad entry)
+                # Node-local: there is no other copy to serve it. The queue
+                # stays down (reported like a stopped member); the node goes on.
+                log.error("classic queue %s/%s: could not recover its log: %s", record.vhost,
+                          record.name, exc)
+                self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+                if glog is not None:
+                    glog.close()
+                return
+            self.classic_logs[gid] = dq
+            q = dq
+        else:
+            q = ClassicQueue(self.host, record.vhost, record.name, config)
+        q.uid = uid
+        self.queues[key] = q
+
+    def _proxy(self, record: md.QueueRecord) -> RemoteQueue:
+        proxy = RemoteQueue(self.host, record.vhost, record.name,
+                            classic_config(record.name, record.vhost, {}))
+        proxy.uid = (record.vhost, record.name, record.created_at)
+        return proxy
+
+    def _members_changed(self, eff: md.MembersChanged) -> None:
+        """A member joined or left: start a joining member here (as a learner
+        that waits for the leader's log), or stop the one leaving. The queue's
+        process is replaced, not the queue: its identity (uid), consumers and
+        blocked publishers carry over, and channels find the new process by
+        the identity (their publish numbering, unacked messages and pending
+        settles continue); pending proposals of the old process fail as
+        ProposalUnknown and are re-sent through the new one."""
+        record = self.queue_record(eff.vhost, eff.name)
+        if record is None:
+            return
+        me = self.host.node_name
+        key = (record.vhost, record.name)
+        q = self.queues.get(key)
+        if me in eff.new and me not in eff.old:
+            if isinstance(q, QuorumQueue):
+                return  # the replica kept below, listed again: it runs on
+            if q is not None:
+                q.close()
+                del self.queues[key]
+            self.start_queue(record, joining=True)
+            new_q = self.queues.get(key)
+            if q is not None and new_q is not None:
+                carry_over(q, new_q)
+        elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
+            raft = q.group.node
+            if me in raft.config.members and raft.config_index >= record.members_index:
+                # The record's list is not from a configuration after the one
+                # this replica knows, which still has it (an unindexed list):
+                # deleting the replica could cost the group its quorum for
+                # good. Kept; a later report settles it. (A removed member
+                # never applied its removal, so its configuration is older.)
+                log.warning("queue %s/%s: the metadata no longer lists this node but its Raft "
+                            "configuration at %d (the record's is from %d) does: member kept",
+                            record.vhost, record.name, raft.config_index, record.members_index)
+                fut = asyncio.ensure_future(self.host.membership.sync_members(record.vhost, record.name))
+                fut.add_done_callback(_log_failure)
+                return
+            q.close()
+            self._drop_group(q)
+            del self.queues[key]
+            proxy = self._proxy(record)
+            carry_over(q, proxy)
+            self.queues[key] = proxy
+
+    def _drop_group(self, q: QuorumQueue) -> None:
+        """The queue (or this member) is gone: delete its log for good."""
+        gid = q.glog.group_id
+        self.groups.pop(gid, None)
+        q.glog.close()
+        try:
+            assert self.host.storage is not None
+            self.host.storage.delete_group(gid)
+        except st.StorageError as exc:
+            log.error("could not delete the data of %s: %s", gid, exc)
+
+    def _campaign_until_led(self, q: QuorumQueue, deadline: float) -> None:
+        """The designated leader of a new group campaigns until a leader is
+        known: its first (pre-)votes may reach peers that have not applied
+        the declaration yet and drop them."""
+        if q.deleted or q.group.leader is not None or time.monotonic() > deadline:
+            return
+        q.group.campaign()
+        asyncio.get_running_loop().call_later(0.1, self._campaign_until_led, q, deadline)
+
+    def _stop_queue(self, record: md.QueueRecord) -> None:
+        q = self.queues.pop((record.vhost, record.name), None)
+        if q is None:
+            if self.failed_members.pop((record.vhost, record.name), None) is not None and \
+                    durable_classic(record) and self.host.node_name in record.members:
+                self._drop_classic_log(classic_group_id(record.vhost, record.name, record.created_at))
+            return
+        for consumer in list(q.consumers.values()):
+            consumer.cancelled_by_server()
+        q.consumers.clear()
+        q.close()
+        if isinstance(q, QuorumQueue):
+            self._drop_group(q)
+        elif isinstance(q, DurableClassicQueue):
+            q.glog.close()
+            self._drop_classic_log(q.group_id)
+
+    def _drop_classic_log(self, gid: str) -> None:
+        """A durable classic queue is deleted: its log goes too."""
+        self.classic_logs.pop(gid, None)
+        try:
+            assert self.host.storage is not None
+            self.host.storage.delete_group(gid)
+        except st.StorageError as exc:
+            log.error("could not delete the data of %s: %s", gid, exc)
+
+    def _push_policy(self, vhost: str, name: str) -> None:
+        q = self.queues.get((vhost, name))
+        record = self.queue_record(vhost, name)
+        if q is None or record is None or not q.is_leader:
+            return
+        try:
+            config = self.config_for(record)
+        except qm.QueueArgumentError as exc:
+            log.error("queue %s/%s: policy not applied: %s", vhost, name, exc)
+            return
+        # through the same re-send-until-applied path as settles: a policy
+        # change lost with a leader change would otherwise never apply
+        self.host.queue_command_reliable(q.uid, qm.UpdateConfig(config))
+
+    # ------------------------------------------------------------ start-up
+    async def delete_stale_temporaries(self) -> None:
+        """Classic queues that do not outlive their node (non-durable or
+        exclusive) and are homed here were lost
+        with the last run: delete their definitions before clients can
+        connect, as RabbitMQ deletes transient queues on a restart (and an
+        exclusive queue's owner connection is gone for good; a new connection
+        must never inherit it)."""
+        me = md.NodeName(self.host.node_name)
+        stale = [r for r in self.host.meta_state.queues.values()
+                 if r.type != "quorum" and r.members[:1] == (me,) and not durable_classic(r)]
+        for r in stale:
+            try:
+                reply = await asyncio.wait_for(self.host.meta_execute(md.DeleteQueue(
+                    r.vhost, r.name, owner=r.exclusive_owner)), 30)
+            except Exception as exc:  # noqa: BLE001 - a timeout or a lost leader: logged, retried next start
+                log.warning("could not delete the transient queue %s/%s: %s", r.vhost, r.name, exc)
+                continue
+            if isinstance(reply, md.MetadataError):
+                log.warning("could not delete the transient queue %s/%s: %s", r.vhost, r.name, reply)
+            else:
+                log.info("deleted the transient queue %s/%s (its node restarted)", r.vhost, r.name)
+
+    def drop_orphan_classic_logs(self) -> None:
+        """Logs of durable classic queues deleted while this node was down
+        (a metadata snapshot carries no deletion): the group id holds the
+        declaration's creation time, so a log whose record is gone is garbage."""
+        assert self.host.storage is not None
+        want = {classic_group_id(r.vhost, r.name, r.created_at)
+                for r in self.host.meta_state.queues.values() if durable_classic(r)}
+        for gid in self.host.storage.group_ids():
+            if gid.startswith("classic:") and gid not in want:
+                log.info("deleting the log of a deleted classic queue: %s", gid)
+                self._drop_classic_log(gid)
+
+
+def bootstrap_voters(record: md.QueueRecord, glog: st.GroupLog, joining: bool) -> list[str]:
+    """The voters this member's Raft group starts from until its log (or
+    snapshot) says otherwise; decided once, when the group is created
+    here, and kept beside its log so a restart decides the same.
+
+    The queue's declared members start from that list. Any member created
+    later (added by a membership change, or first started here after one:
+    the record's `members_index` is set) starts with no voters, as a
+    learner that cannot campaign and takes its configuration from the
+    leader. Never today's member list: with an empty or short log, a node
+    that took it for the configuration could win an election among other
+    such nodes and overwrite committed entries."""
+    raw = glog.read_bootstrap()
+    if raw is not None:
+        return [str(m) for m in msgpack.unpackb(raw)]
+    if glog.last_index() != 0 or glog.snapshot_meta() is not None or glog.hard_state().term:
+        return list(record.members)  # a group created before bootstrap records existed
+    voters: list[str] = [] if joining or record.members_index else list(record.members)
+    glog.write_bootstrap(msgpack.packb(voters))
+    return voters
+
+
+def carry_over(old: QueueProcess, new: QueueProcess) -> None:
+    """A membership change replaced a queue's process: the new one takes
+    the old one's consumers and blocked publishers."""
+    new.consumers.update(old.consumers)
+    for consumer in old.consumers.values():
+        consumer.queue = new
+    new.blocked_publishers |= old.blocked_publishers
+    new.had_consumer = new.had_consumer or old.had_consumer
+
+
+def durable_classic(record: md.QueueRecord) -> bool:
+    """Classic queues whose persistent messages survive a restart (RabbitMQ:
+    durable ones, auto-delete or not; exclusive queues go with their
+    connection)."""
+    return record.type != "quorum" and record.durable and record.exclusive_owner is None
+
+
+def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfig:
+    """Classic queues use the same machine with classic semantics: no delivery limit."""
+    def num(key: str) -> int | None:
+        v = args.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    overflow = args.get("x-overflow", "drop-head")
+    if overflow not in ("drop-head", "reject-publish"):
+        overflow = "drop-head"
+    return qm.QueueConfig(
+        name=name, vhost=vhost, max_length=num("x-max-length"),
+        max_length_bytes=num("x-max-length-bytes"), overflow=overflow,
+        message_ttl_ms=num("x-message-ttl"), expires_ms=num("x-expires"),
+        dead_letter_exchange=args.get("x-dead-letter-exchange"),
+        dead_letter_routing_key=args.get("x-dead-letter-routing-key"),
+        delivery_limit=None, requeue_in_place=True,
+        single_active_consumer=bool(args.get("x-single-active-consumer", False)),
+    )
+
+
+def _log_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("queue command failed: %s", fut.exception())
