@@ -52,10 +52,12 @@ from .confirms import (
     ACK,
     Confirm,
     ack_timeout_text,
+    claim_acked,
     first_timed_out,
     group_by_consumer,
     settled_confirms,
     take_acked,
+    take_tags,
     unconfirmed,
     unknown_tag_text,
 )
@@ -205,7 +207,10 @@ class Channel:
         self.tx = False
         self._task: asyncio.Task[Any] | None = None  # the method being waited for
         self.tx_publishes: list[ev.Publish] = []
-        self.tx_acks: list[Any] = []
+        # settlements of the open transaction, each with the delivery tags it
+        # claimed when it arrived (checked then, applied at tx.commit)
+        self.tx_acks: list[tuple[Any, list[int]]] = []
+        self.tx_claimed: set[int] = set()
 
     # ------------------------------------------------------------ dispatch
     def feed(self, event: Any) -> None:
@@ -224,12 +229,12 @@ class Channel:
                     self.publish(event)
             elif t is ev.Ack:
                 if self.tx:
-                    self.tx_acks.append(event)
+                    self._tx_settle(event, _ACK)
                 else:
                     self.ack(event.delivery_tag, event.multiple)
             elif t is ev.Nack or t is ev.Reject:
                 if self.tx:
-                    self.tx_acks.append(event)
+                    self._tx_settle(event, _REJECT if t is ev.Reject else _NACK)
                 else:
                     self.nack(event.delivery_tag, getattr(event, "multiple", False), event.requeue,
                               _REJECT if t is ev.Reject else None)
@@ -616,15 +621,16 @@ class Channel:
             raise ChannelError(406, "channel is not transactional", m)
         pubs, acks = self.tx_publishes, self.tx_acks
         self.tx_publishes, self.tx_acks = [], []
+        self.tx_claimed = set()
         futures: list[asyncio.Future[Any]] = []
         for p in pubs:
             futures.extend(self.publish(p, collect=True))
-        for a in acks:
+        for a, tags in acks:
+            taken = take_tags(self.unacked, tags)
             if type(a) is ev.Ack:
-                self.ack(a.delivery_tag, a.multiple)
+                self._acked(taken)
             else:
-                self.nack(a.delivery_tag, getattr(a, "multiple", False), a.requeue,
-                          _REJECT if type(a) is ev.Reject else None)
+                self._nacked(taken, a.requeue)
 
         async def run() -> None:
             if futures:
@@ -636,7 +642,18 @@ class Channel:
         if not self.tx:
             raise ChannelError(406, "channel is not transactional", m)
         self.tx_publishes, self.tx_acks = [], []
+        self.tx_claimed = set()
         self.send(C.Tx.RollbackOk())
+
+    def _tx_settle(self, event: Any, method: Any) -> None:
+        """A basic.ack/nack/reject inside a transaction: its tags are checked
+        now (an unknown one closes the channel, nothing of the transaction
+        applied, as RabbitMQ does) and settled at tx.commit."""
+        tags = claim_acked(self.unacked, self.tx_claimed, event.delivery_tag,
+                           getattr(event, "multiple", False))
+        if tags is None:
+            raise ChannelError(406, unknown_tag_text(event.delivery_tag), method)
+        self.tx_acks.append((event, tags))
 
     # ------------------------------------------------------------ publishing
     def publish(self, p: ev.Publish, collect: bool = False) -> list[asyncio.Future[Any]]:
@@ -819,6 +836,9 @@ class Channel:
         taken = take_acked(self.unacked, tag, multiple)
         if taken is None:
             raise ChannelError(406, unknown_tag_text(tag), _ACK)
+        self._acked(taken)
+
+    def _acked(self, taken: list[Any]) -> None:
         self.stats.ack += len(taken)
         self.totals.ack += len(taken)
         nstats = self.nstats
@@ -832,6 +852,9 @@ class Channel:
         taken = take_acked(self.unacked, tag, multiple)
         if taken is None:
             raise ChannelError(406, unknown_tag_text(tag), method or _NACK)
+        self._nacked(taken, requeue)
+
+    def _nacked(self, taken: list[Any], requeue: bool) -> None:
         for (uid, cid), ids in group_by_consumer(taken).items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
             self.node.queue_command_reliable(

@@ -92,14 +92,16 @@ def take_acked(unacked: dict[int, T], tag: int, multiple: bool) -> list[T] | Non
 
     `unacked` is in delivery-tag order (tags grow as deliveries are made).
     `multiple` with tag 0 takes everything (even nothing); `multiple` with a
-    tag that is not outstanding takes every tag below it, unless none is."""
+    tag that is not outstanding is unknown, even when lower tags are
+    (RabbitMQ's `collect_acks` looks for the tag itself: 406, nothing
+    settled)."""
     if multiple:
         taken: list[T] = []
         if tag == 0:
             taken = list(unacked.values())
             unacked.clear()
             return taken
-        if tag not in unacked and (not unacked or tag < next(iter(unacked))):
+        if tag not in unacked:
             return None
         while unacked:
             first = next(iter(unacked))
@@ -111,6 +113,36 @@ def take_acked(unacked: dict[int, T], tag: int, multiple: bool) -> list[T] | Non
     if item is None:
         return None
     return [item]
+
+
+def claim_acked(unacked: Mapping[int, object], claimed: set[int], tag: int,
+                multiple: bool) -> list[int] | None:
+    """In a transaction: the delivery tags a basic.ack/nack/reject of `tag`
+    will settle at tx.commit, checked now, at the method, as RabbitMQ checks
+    them: a bad tag closes the channel before any of the transaction is
+    applied. Tags this transaction already claimed (`claimed`, updated) are
+    no longer outstanding. None when `tag` is unknown (nothing claimed)."""
+    if multiple and tag == 0:
+        tags = [t for t in unacked if t not in claimed]
+    elif tag not in unacked or tag in claimed:
+        return None
+    elif multiple:
+        tags = [t for t in unacked if t <= tag and t not in claimed]
+    else:
+        tags = [tag]
+    claimed.update(tags)
+    return tags
+
+
+def take_tags(unacked: dict[int, T], tags: Iterable[int]) -> list[T]:
+    """Remove and return the deliveries of `tags` still outstanding (a
+    committed transaction's claimed tags), in the order given."""
+    taken = []
+    for t in tags:
+        item = unacked.pop(t, None)
+        if item is not None:
+            taken.append(item)
+    return taken
 
 
 def unknown_tag_text(tag: int) -> str:

@@ -863,6 +863,46 @@ def s_transactions(port: int) -> dict[str, Any]:
     return r
 
 
+def s_bad_acks(port: int) -> dict[str, Any]:
+    """A settlement naming a tag that is not outstanding closes the channel
+    (406) before any of it is applied: basic.ack `multiple` of a tag already
+    acked while lower tags are outstanding, and an unknown tag inside a
+    transaction after a good ack (checked at the method, not at tx.commit:
+    the good ack is never applied). The counts after the close show what
+    was settled."""
+    conn = connect(port)
+    ch = conn.channel()
+    fresh(ch, "ba-q", QQ)
+    ch.confirm_delivery()
+    for i in range(4):
+        ch.basic_publish("", "ba-q", b"m%d" % i)
+    r: dict[str, Any] = {}
+
+    def multiple_not_outstanding(c: Any) -> Any:
+        tags = [c.basic_get("ba-q")[0].delivery_tag for _ in range(4)]
+        c.basic_ack(tags[2])
+        c.basic_ack(tags[2], multiple=True)
+        return c.queue_declare("ba-q", passive=True).method.message_count
+    r["multiple_not_outstanding"] = attempt(conn, multiple_not_outstanding)
+    r["ready_after"] = wait_count(ch, "ba-q", 3)  # m2 acked; m0, m1, m3 back
+    r["bodies_after"] = sorted(b for b, _, _ in drain_get(ch, "ba-q"))
+    for i in range(2):
+        ch.basic_publish("", "ba-q", b"t%d" % i)
+
+    def tx_unknown_after_good(c: Any) -> Any:
+        tags = [c.basic_get("ba-q")[0].delivery_tag for _ in range(2)]
+        c.tx_select()
+        c.basic_ack(tags[0])
+        c.basic_ack(tags[1] + 7)
+        c.tx_commit()
+        return "committed"
+    r["tx_unknown_tag"] = attempt(conn, tx_unknown_after_good)
+    r["tx_ready_after"] = wait_count(ch, "ba-q", 2)  # the transaction's ack was never applied
+    ch.queue_delete("ba-q")
+    conn.close()
+    return r
+
+
 def s_consumer_priority(port: int) -> dict[str, Any]:
     conn = connect(port)
     ch = conn.channel()
@@ -1062,6 +1102,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_single_active_consumer),
     Scenario(s_cancel_notify),
     Scenario(s_transactions),
+    Scenario(s_bad_acks),
     Scenario(s_consumer_priority),
     Scenario(s_prefetch_per_consumer),
     Scenario(s_delivery_limit, _delivery_limit_to_4x),
