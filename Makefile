@@ -54,7 +54,8 @@ lint: $(STAMP)
 		broker/runtime/quiesce.py broker/runtime/wire.py broker/runtime/peer_wire.py \
 		broker/runtime/raft_wire.py broker/runtime/alarms.py broker/runtime/limits.py \
 		broker/runtime/msg_stats.py broker/runtime/transport.py broker/runtime/publish.py \
-		broker/runtime/cluster.py broker/runtime/dead_letter.py broker/runtime/declarations.py
+		broker/runtime/cluster.py broker/runtime/dead_letter.py broker/runtime/declarations.py \
+		broker/runtime/definitions.py
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data

@@ -30,12 +30,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import metadata as md
 
 if TYPE_CHECKING:
-    from .node import Node
+    from broker.common.config import Config
+
+    from .declarations import Declarations
 
 log = logging.getLogger("broker.definitions")
 
@@ -60,12 +62,23 @@ class Plan:
     """Ordered work: `commands` first (vhosts, users, permissions, policies,
     exchanges), then `queues`, then `bindings` (they need the queues)."""
 
-    commands: list[Any] = field(default_factory=list)
+    commands: list[md.Command] = field(default_factory=list)
     queues: list[QueueDefinition] = field(default_factory=list)
-    bindings: list[Any] = field(default_factory=list)
-    cleanup: list[Any] = field(default_factory=list)  # default user/vhost removal, last
+    bindings: list[md.Bind] = field(default_factory=list)
+    cleanup: list[md.Command] = field(default_factory=list)  # default user/vhost removal, last
 
 
+class DefinitionsHost(Protocol):
+    """What loading the definitions file needs of the node."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def declarations(self) -> Declarations: ...
+    async def meta_execute(self, cmd: md.Command) -> md.Reply | None: ...
+
+
+# The document is decoded JSON: its values are Any until these helpers check them.
 def _req(item: Mapping[str, Any], key: str, where: str, kind: type = str) -> Any:
     if key not in item:
         raise DefinitionsError(f"{where}: missing '{key}'")
@@ -214,7 +227,7 @@ def parse_definitions(doc: Any, salt: Callable[[], bytes], default_user: str = "
     return plan
 
 
-def read_definitions(path: str) -> Any:
+def read_definitions(path: str) -> Any:  # JSON-decoded: parse_definitions checks its shape
     try:
         return json.loads(Path(path).read_text())
     except OSError as exc:
@@ -223,13 +236,13 @@ def read_definitions(path: str) -> Any:
         raise DefinitionsError(f"definitions file {path} is not valid JSON: {exc}") from None
 
 
-async def load_definitions_file(node: Node, path: str) -> None:
+async def load_definitions_file(node: DefinitionsHost, path: str) -> None:
     """Apply the definitions file at `path` through the metadata store; any
     refused command stops the boot with a DefinitionsError naming it."""
     plan = parse_definitions(read_definitions(path), lambda: os.urandom(4),
                              node.config["default_user"], node.config["default_vhost"])
 
-    def check(reply: Any, what: str) -> None:
+    def check(reply: md.Reply | None, what: str) -> None:
         if isinstance(reply, md.MetadataError):
             raise DefinitionsError(f"definitions file {path}: {what} refused: {reply.text}")
 
