@@ -37,20 +37,20 @@ from broker.storage import manifest as st_manifest
 
 from . import peer_wire as pw
 from . import wire
-from .alarms import Alarms
+from .alarms import DISK, Alarms
 from .amqp_server import AmqpConnection
 from .backoff import Backoff
-from .cluster import Cluster, NotLeaderHere
+from .cluster import Cluster
 from .dead_letter import dead_letter_message, dl_cycle
 from .declarations import Declarations
 from .definitions import DefinitionsError, load_definitions_file
 from .errors import QueueGone
+from .forwarding import Forwarding
 from .limits import ConnectionLimits
 from .liveness import Liveness
 from .membership import Membership
-from .membership import control as membership_control
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
-from .queues import Message, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
+from .queues import Message, QueueProcess, QueueUid, QuorumQueue
 from .quiesce import PASS_TICKS, Quiescence
 from .raft_group import ProposalReplaced
 from .registry import Registry
@@ -77,6 +77,8 @@ class Node:
         self.raft_config = RaftConfig(election_tick=election_ticks, heartbeat_tick=1)
         #: the queue processes, Raft groups and classic logs of this node (runtime/registry.py)
         self.registry = Registry(self, config["raft.snapshot_interval"])
+        #: where queue commands go; the node's side of the ordered publish path (runtime/forwarding.py)
+        self.forwarding = Forwarding(self)
         #: the registry's table of queue processes (the same dict), for the many readers
         self.queues = self.registry.queues
         self.connections: set[AmqpConnection] = set()
@@ -164,7 +166,7 @@ class Node:
         self.meta = MetadataStore(
             self.node_name, meta_glog,
             [] if joining else members, self.send_raft,
-            self.raft_config, self.registry.meta_effects, self._forward_meta,
+            self.raft_config, self.registry.meta_effects, self.forwarding.forward_meta,
             learner=joining, on_cluster_node=self._learned_node,
             default_user=self.config["default_user"],
             default_pass=self.config["default_pass"], default_vhost=self.config["default_vhost"],
@@ -381,8 +383,9 @@ class Node:
 
     async def _housekeeping(self) -> None:
         """Every `cluster.housekeeping_interval_ms` (2 s): note peers that are
-        down, and let the queues this node leads return the messages of
-        consumers on dead channels."""
+        down, let the queues this node leads return the messages of
+        consumers on dead channels, and, while the disk is not in alarm,
+        restart the members a failed write stopped (`Registry.restart_stopped`)."""
         interval = self.config["cluster.housekeeping_interval_ms"] / 1000
         while True:
             await asyncio.sleep(interval)
@@ -398,6 +401,11 @@ class Node:
             for q in list(self.queues.values()):
                 if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
                     q.reap_dead_channels()
+            if DISK not in self.alarms.local:  # members a full disk stopped start again
+                try:
+                    self.registry.restart_stopped()
+                except Exception:  # noqa: BLE001 - housekeeping goes on
+                    log.exception("restarting stopped members failed")
 
     # ------------------------------------------------------------ resource alarms
     async def _alarm_loop(self) -> None:
@@ -571,111 +579,41 @@ class Node:
         return self.liveness.channel_dead(channel)
 
     # ------------------------------------------------------------ forwarding
+    # (runtime/forwarding.py; the node is the queues' Host and the cluster's
+    # node, which call these)
     def queue_leader(self, vhost: str, name: str) -> str | None:
-        """Where to send commands for a queue: this node only if its member is
-        the leader right now; else the leader its member knows, else the one
-        the metadata records (never this node: that would be a stale record).
-        None while no leader is known."""
-        if vhost == "" and name == META_GROUP:
-            g = self.meta.group
-            return self.node_name if g.is_leader else (g.leader if g.leader != self.node_name else None)
-        q = self.queues.get((vhost, name))
-        if q is not None and not isinstance(q, RemoteQueue):
-            if q.is_leader:
-                return self.node_name
-            lead = q.group.leader if isinstance(q, QuorumQueue) else None
-            if lead and lead != self.node_name:
-                return lead
-        rec = self.recorded_leader(vhost, name)
-        return rec if rec != self.node_name else None
+        return self.forwarding.queue_leader(vhost, name)
 
     def recorded_leader(self, vhost: str, name: str) -> str | None:
-        if vhost == "" and name == META_GROUP:
-            return self.meta.group.leader
-        r = self.registry.queue_record(vhost, name)
-        return r.leader if r is not None else None
+        return self.forwarding.recorded_leader(vhost, name)
 
     def forward(self, leader: str, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
-        """Send a command to the queue's leader on another node. With no leader
-        known (""), it waits in order until one is."""
-        if self.cluster is None:
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            fut.set_exception(RuntimeError(f"queue '{name}' has no leader"))
-            return fut
-        if leader == self.node_name:
-            leader = ""
-        return self.cluster.request(leader, vhost, name, payload)
-
-    async def _forward_meta(self, leader: str, payload: bytes) -> int:
-        result: int = await self.forward(leader, "", META_GROUP, payload)
-        return result
+        return self.forwarding.forward(leader, vhost, name, payload)
 
     def submit_as_leader(self, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
-        """Serve a forwarded command: only if this node leads that queue."""
-        if vhost == "" and name == META_GROUP:
-            if not self.meta.group.is_leader:
-                raise NotLeaderHere()
-            index, fut = self.meta.group.propose_indexed(payload)
-            out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-
-            def done(f: asyncio.Future[Any]) -> None:
-                if f.cancelled() or f.exception() is not None:
-                    out.set_exception(f.exception() or RuntimeError("cancelled"))
-                else:
-                    out.set_result(index)
-            fut.add_done_callback(done)
-            return out
-        q = self.queues.get((vhost, name))
-        if q is None or isinstance(q, RemoteQueue) or not q.is_leader:
-            raise NotLeaderHere()
-        if payload and payload[0] == "M":  # membership control, see membership.control
-            result = membership_control(q, payload, self.quiescence.unreachable)
-            if isinstance(result, asyncio.Future):
-                return result
-            done_fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            done_fut.set_result(result)
-            return done_fut
-        return q._submit(payload)
-
-    def submit_local(self, vhost: str, name: str, payload: Any, future: asyncio.Future[Any]) -> None:
-        try:
-            inner = self.submit_as_leader(vhost, name, payload)
-        except NotLeaderHere:
-            inner = self.forward(self.queue_leader(vhost, name) or "", vhost, name, payload)
-        except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
-            return
-
-        def done(f: asyncio.Future[Any]) -> None:
-            if future.done():
-                return
-            if f.cancelled() or f.exception() is not None:
-                future.set_exception(f.exception() or RuntimeError("cancelled"))
-            else:
-                future.set_result(f.result())
-        inner.add_done_callback(done)
+        return self.forwarding.submit_as_leader(vhost, name, payload)
 
     def flush_forwarded(self, vhost: str, name: str) -> None:
-        """This node now leads the queue: propose the commands still pending
-        with the old leader, in their order, before anything newer."""
-        if self.cluster is None or not self.cluster.has_pending(vhost, name):
-            return
-        if self.queue_leader(vhost, name) != self.node_name:
-            return
-        for r in self.cluster.take_pending(vhost, name):
-            self.submit_local(vhost, name, r.payload, r.future)
+        self.forwarding.flush_forwarded(vhost, name)
 
     def send_deliveries(self, node: str, vhost: str, name: str, channel: str, tag: str,
                         deliveries: list[Any], bodies: dict[int, Any]) -> None:
-        if self.cluster is not None:
-            self.cluster.send_deliveries(node, vhost, name, channel, tag, deliveries, bodies)
+        self.forwarding.send_deliveries(node, vhost, name, channel, tag, deliveries, bodies)
 
     def remote_deliveries(self, vhost: str, name: str, channel: str, tag: str,
                           deliveries: list[Any], bodies: dict[int, Any]) -> None:
-        q = self.queues.get((vhost, name))
-        if q is not None:
-            q.remote_deliveries(channel, tag, deliveries, bodies)
+        self.forwarding.remote_deliveries(vhost, name, channel, tag, deliveries, bodies)
+
+    def leader_elected(self, vhost: str, name: str, term: int) -> None:
+        self.forwarding.leader_elected(vhost, name, term)
+
+    @property
+    def meta_group(self) -> Any:
+        return self.meta.group
+
+    @property
+    def unreachable(self) -> frozenset[str]:
+        return self.quiescence.unreachable
 
     # ------------------------------------------------------------ node-local views
     def local_connections(self) -> list[dict[str, Any]]:
@@ -753,15 +691,6 @@ class Node:
             else:
                 answers.append(r)
         return answers
-
-    def leader_elected(self, vhost: str, name: str, term: int) -> None:
-        """Record this node as the queue's leader, elected in `term` (the
-        metadata keeps the latest term's leader whatever order reports land in)."""
-        r = self.registry.queue_record(vhost, name)
-        if r is not None and (r.leader != self.node_name or r.leader_term < term):
-            fut = asyncio.ensure_future(self.meta.execute(md.SetQueueLeader(
-                md.VhostName(vhost), md.QueueName(name), md.NodeName(self.node_name), term)))
-            fut.add_done_callback(_log_failure)
 
     # ------------------------------------------------------------ metadata
     async def meta_execute(self, cmd: Any) -> Any:

@@ -438,9 +438,14 @@ class QuorumQueue(QueueProcess):
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         if self.group.role is Role.LEADER:
             self.host.flush_forwarded(self.vhost, self.name)  # keep publish order
-            return self.group.propose(payload, wire.is_plain(payload))
+            return self.propose(payload)
         return self.host.forward(self.host.queue_leader(self.vhost, self.name) or "", self.vhost,
                                  self.name, payload)
+
+    def propose(self, payload: list[Any]) -> asyncio.Future[Any]:
+        """Propose on this member, the leader, without draining the node's
+        forwarded commands first (runtime/forwarding.py: the drain itself)."""
+        return self.group.propose(payload, wire.is_plain(payload))
 
     @property
     def is_leader(self) -> bool:
