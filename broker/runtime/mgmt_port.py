@@ -54,7 +54,7 @@ async def _membership(aw: Awaitable[T]) -> T:
         raise MembershipRefused(exc.status, exc.reason) from None
 
 
-def _opt_int(value: Any) -> int | None:
+def _opt_int(value: object) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
