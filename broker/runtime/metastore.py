@@ -7,6 +7,11 @@ once committed, applied on every node by `broker.metadata.apply`. Effects
 the node (`on_effects`) on every node, so each node starts and stops its own
 queue members to match the metadata. Reads (routing, permissions) use the
 local replica.
+
+It is its group's `Machine` (runtime/machine.py): every applied entry is a
+release cursor (the metadata needs no log entry once applied), so the group
+snapshots every `SNAPSHOT_EVERY` entries and releases the log up to the
+snapshot.
 """
 from __future__ import annotations
 
@@ -22,13 +27,16 @@ from broker import storage as st
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
 from . import wire
-from .raft_group import RaftGroup, encode_membership
+from .machine import Cursor, MachineSnapshot
+from .raft_group import RaftGroup
 
 log = logging.getLogger("broker.metastore")
 
 META_GROUP = "__metadata__"
 #: runtime-parameter component recording joined nodes' peer addresses ("host:port")
 CLUSTER_NODES = "cluster_nodes"
+#: Applied entries between two snapshots of the metadata.
+SNAPSHOT_EVERY = 10_000
 
 
 class MetadataStore:
@@ -58,21 +66,15 @@ class MetadataStore:
         self._index_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._default = (default_user, default_pass, default_vhost)
         self.state = md.new_state()
-        applied = 0
-        snap = glog.latest_snapshot()
-        if snap is not None:
-            self.state = md.from_bytes(snap.data)
-            applied = snap.meta.index
+        # The group restores the state from the log's snapshot (restore).
         self.group = RaftGroup(
             META_GROUP, node_name, glog,
             # A joining node starts knowing no configuration: it cannot campaign
             # and takes the configuration from the leader's log.
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
-            self._apply, send, raft_config=raft_config, on_role_change=self._role_changed,
-            on_snapshot=self._install_snapshot, applied=applied,
+            self, send, raft_config=raft_config, on_role_change=self._role_changed,
+            snapshot_interval=SNAPSHOT_EVERY,
         )
-        self._since_snapshot = 0
-        self.snapshot_every = 10_000
         self.bootstrapped = bool(self.state.vhosts)
 
     # ------------------------------------------------------------- commands
@@ -94,9 +96,10 @@ class MetadataStore:
         self._index_waiters.setdefault(index, []).append(fut)
         await fut
 
-    def _apply(self, index: int, term: int, ts: int, payload: bytes) -> Any:
-        cmd = wire.decode_meta_command(wire.unpack(payload))
-        self.state, reply, effects = md.apply(md.CommandMeta(index, ts), cmd, self.state)
+    # ------------------------------------------------------------- Machine
+    def apply(self, index: int, term: int, timestamp_ms: int, command: Any) -> Any:
+        cmd = wire.decode_meta_command(wire.unpack(command))
+        self.state, reply, effects = md.apply(md.CommandMeta(index, timestamp_ms), cmd, self.state)
         if isinstance(cmd, md.Bootstrap) or self.state.vhosts:
             self.bootstrapped = True
         if effects:
@@ -111,27 +114,22 @@ class MetadataStore:
                 for w in self._index_waiters.pop(i):
                     if not w.done():
                         w.set_result(None)
-        self._since_snapshot += 1
-        if self._since_snapshot >= self.snapshot_every:
-            self._snapshot()
         return reply
 
-    def _snapshot(self) -> None:
-        node = self.group.node
-        index = self.group.applied_index
-        if index > node.max_snapshot_index():
-            return
-        meta = node.snapshot_meta(index)
-        self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config),
-                                md.to_bytes(self.state))
-        node.compacted()
-        self.glog.release(index + 1)
-        self._since_snapshot = 0
+    def release_cursor(self) -> Cursor:
+        return Cursor.RELEASE
 
-    def _install_snapshot(self, data: bytes) -> None:
+    def snapshot(self, index: int) -> MachineSnapshot:
+        return MachineSnapshot(md.to_bytes(self.state), index + 1)
+
+    def restore(self, data: bytes, installed: bool) -> None:
         self.state = md.from_bytes(data)
-        self.bootstrapped = bool(self.state.vhosts)
-        self._announce_nodes()
+        if installed:  # the leader's, over this replica's state
+            self.bootstrapped = bool(self.state.vhosts)
+            self._announce_nodes()
+
+    def snapshot_for_follower(self, data: bytes, index: int) -> bytes:
+        return data
 
     def _announce_nodes(self) -> None:
         """Tell the node every cluster node's address recorded in the metadata."""

@@ -28,7 +28,8 @@ from broker.raft import Membership, NodeId, RaftConfig, Role
 
 from . import wire
 from .dead_letter import DlxWorker
-from .raft_group import RaftGroup, encode_membership
+from .machine import Cursor, MachineSnapshot
+from .raft_group import RaftGroup
 
 if TYPE_CHECKING:
     from .channel import Consumer
@@ -393,7 +394,13 @@ class ClassicQueue(QueueProcess):
 
 
 class QuorumQueue(QueueProcess):
-    """A replicated quorum queue member on this node (its Raft group)."""
+    """A replicated quorum queue member on this node (its Raft group).
+
+    It is its group's `Machine` (runtime/machine.py): `apply` runs the queue
+    machine and its effects, a `ReleaseCursor` effect becomes the group's
+    release cursor (a purge asks for a snapshot at once), `snapshot` says what
+    a snapshot holds and how far the log may be released and compacted; the
+    group decides when, and writes."""
 
     kind = "quorum"
     #: Seconds with nothing applied after which a member that applied entries
@@ -408,29 +415,21 @@ class QuorumQueue(QueueProcess):
         super().__init__(host, vhost, name, config)
         self.glog = glog
         self._on_role = on_role_change
-        applied = 0
         # Entries up to here were in the log before this start: applying them
         # again replays history, whose external effects already happened.
         self._recovered_index = glog.last_index()
         # Bodies of live messages below the snapshot index that this replica's
         # log does not hold (it was installed from the leader's snapshot).
         self._snap_bodies: dict[int, Message] = {}
-        snap = glog.latest_snapshot()
-        if snap is not None:
-            self._install_snapshot(snap.data)
-            applied = snap.meta.index
+        # The release cursor the entry being applied emitted (release_cursor).
+        self._cursor: Cursor | None = None
+        # The group restores this member from its log's snapshot (restore).
         self.group = RaftGroup(
             glog.group_id, host.node_name, glog,
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
-            self._apply_payload, host.send_raft, raft_config=raft_config,
-            on_role_change=self._role_changed, on_snapshot=self._install_snapshot,
-            augment_snapshot=self._snapshot_with_bodies,
-            applied=applied,
+            self, host.send_raft, raft_config=raft_config,
+            on_role_change=self._role_changed, snapshot_idle_s=self.snapshot_idle_s,
         )
-        self.applied_since_snapshot = 0
-        self.snapshot_every = 20_000
-        self._idle_timer: asyncio.TimerHandle | None = None
-        self._last_applied_at = 0.0
         # The at-least-once dead-letter worker, while this member leads and the
         # queue's strategy is at-least-once (runtime/dead_letter.py).
         self._dlx: DlxWorker | None = None
@@ -485,21 +484,45 @@ class QuorumQueue(QueueProcess):
         return wire.queue_message(self.glog.entries(index, index + 1)[0].data)
 
 
-    def _release(self, eff: qe.ReleaseCursor) -> None:
-        """Snapshot the state as of `eff.index` (the entry being applied: the
-        state now is exactly that) and release segments below the smallest
-        live index. The state is serialised now; it is written once Raft has
-        recorded the entry as applied (after this Ready), which is also when
-        it is known durable here."""
-        super()._release(eff)
-        if self.applied_since_snapshot < self.snapshot_every:
-            return
-        self._take_snapshot(eff.index, eff.smallest_live_index)
+    @property
+    def snapshot_every(self) -> int:
+        """Applied entries between two snapshots (`raft.snapshot_interval`,
+        set by the node): the group's cadence."""
+        return self.group.snapshot_interval
 
-    def _take_snapshot(self, index: int, live: int) -> None:
-        """Serialise the state now (it is the state as of `index`) and write
-        it once Raft recorded the entry as applied (after this Ready)."""
-        self.applied_since_snapshot = 0
+    @snapshot_every.setter
+    def snapshot_every(self, n: int) -> None:
+        self.group.snapshot_interval = n
+
+    def _release(self, eff: qe.ReleaseCursor) -> None:
+        """Drop cached bodies below the smallest live index, and offer the
+        group a snapshot of the state as of `eff.index` (the entry being
+        applied: the state once it is applied is exactly that)."""
+        super()._release(eff)
+        if self._cursor is None:
+            self._cursor = Cursor.RELEASE
+
+    # ---------------------------------------------------------------- Machine
+    def apply(self, index: int, term: int, timestamp_ms: int, command: Any) -> Any:
+        self._replaying = index <= self._recovered_index
+        reply = QueueProcess._apply_payload(self, index, term, timestamp_ms, command)
+        if type(reply) is qm.Purged:
+            # a purge frees most of the log at once: snapshot (release, compact) now
+            self._cursor = Cursor.NOW
+        return reply
+
+    def release_cursor(self) -> Cursor | None:
+        cursor = self._cursor
+        if cursor is not None:
+            self._cursor = None
+        return cursor
+
+    def snapshot(self, index: int) -> MachineSnapshot:
+        """The state as of `index`; segments may go below the smallest live
+        index (every index up to `index` when none is live). Bodies this
+        replica holds from an installed snapshot are kept only while live."""
+        sli = self.state.smallest_live_index()
+        live = index + 1 if sli is None else sli
         self._snap_bodies = {i: m for i, m in self._snap_bodies.items() if i >= live}
         data = self._encode_snapshot(self._snap_bodies)
         # The live indexes for compaction, taken with the snapshot's state (so
@@ -512,68 +535,25 @@ class QuorumQueue(QueueProcess):
                 keep = live_indexes(self.state)
         except st.StorageError:
             keep = None
-        self._loop.call_soon(self._write_snapshot, index, live, data, keep)
-
-    def _write_snapshot(self, index: int, live: int, data: bytes,
-                        keep: list[int] | None = None) -> None:
-        node = self.group.node
-        if self.deleted or self.group.stopped is not None:
-            return
-        if index > node.max_snapshot_index():  # not durable here yet: the idle check retries
-            self.applied_since_snapshot = max(self.applied_since_snapshot, 1)
-            self._arm_idle()
-            return
-        current = self.glog.snapshot_meta()
-        if current is not None and current.index >= index:
-            return
-        meta = node.snapshot_meta(index)
-        self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config), data)
-        node.compacted()
-        self.glog.release(live)
-        if keep is not None:
-            # segments below the snapshot holding few live entries are rewritten
-            # (docs/STORAGE.md "Compaction"); optional: a failure only logs
-            try:
-                self.glog.compact(keep)
-            except (st.StorageError, OSError) as exc:
-                log.warning("%s: log compaction failed: %s", self.name, exc)
-
-    def _arm_idle(self) -> None:
-        if self._idle_timer is None and not self.deleted:
-            self._idle_timer = self._loop.call_later(self.snapshot_idle_s, self._idle_check)
-
-    def _idle_check(self) -> None:
-        """Snapshot (release, compact) a member that applied entries since its
-        last snapshot and then nothing for `snapshot_idle_s`."""
-        self._idle_timer = None
-        if self.deleted or self.group.stopped is not None or self.applied_since_snapshot == 0:
-            return
-        wait = self._last_applied_at + self.snapshot_idle_s - self._loop.time()
-        if wait > 0:
-            self._idle_timer = self._loop.call_later(wait, self._idle_check)
-            return
-        index = self.group.applied_index
-        if index > self.group.node.max_snapshot_index():  # not yet durable here
-            self._arm_idle()
-            return
-        sli = self.state.smallest_live_index()
-        self._take_snapshot(index, index + 1 if sli is None else sli)
+        return MachineSnapshot(data, live, keep)
 
     # Snapshot format: msgpack {"state": queue machine snapshot, "bodies":
     # {raft index: [properties, body, exchange, routing key]}}. Locally taken
     # snapshots carry only bodies this replica got from a snapshot itself (its
     # own log keeps the rest: release() never deletes a segment holding a live
     # message); snapshots sent to a follower carry every live body below the
-    # snapshot index (see _snapshot_with_bodies).
+    # snapshot index (see snapshot_for_follower).
     def _encode_snapshot(self, bodies: dict[int, Message]) -> bytes:
         return wire.pack({"state": qm.snapshot(self.state), "bodies": {i: list(m) for i, m in bodies.items()}})
 
-    def _install_snapshot(self, data: bytes) -> None:
+    def restore(self, data: bytes, installed: bool) -> None:
         doc = wire.unpack(data)
         self.state = qm.restore(doc["state"])
         self._snap_bodies = {int(i): tuple(m) for i, m in doc["bodies"].items()}  # type: ignore[misc]
 
-    def _snapshot_with_bodies(self, data: bytes, snap_index: int) -> bytes:
+    def snapshot_for_follower(self, data: bytes, snap_index: int) -> bytes:
+        """Every live body below the snapshot index goes along: the follower's
+        log will not hold them."""
         doc = wire.unpack(data)
         state = qm.restore(doc["state"])
         bodies = {int(i): m for i, m in doc["bodies"].items()}
@@ -601,19 +581,6 @@ class QuorumQueue(QueueProcess):
         elif not want and self._dlx is not None:
             self._dlx.stop()
             self._dlx = None
-
-    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
-        self._replaying = index <= self._recovered_index
-        reply = QueueProcess._apply_payload(self, index, term, ts, payload)
-        self.applied_since_snapshot += 1
-        self._last_applied_at = self._loop.time()
-        if self._idle_timer is None:
-            self._arm_idle()
-        if type(reply) is qm.Purged:
-            # a purge frees most of the log at once: snapshot (release, compact) now
-            sli = self.state.smallest_live_index()
-            self._take_snapshot(index, index + 1 if sli is None else sli)
-        return reply
 
     def _command_applied(self) -> None:
         super()._command_applied()
@@ -678,13 +645,10 @@ class QuorumQueue(QueueProcess):
 
     def close(self) -> None:
         super().close()
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
         if self._dlx is not None:
             self._dlx.stop()
             self._dlx = None
-        self.group.fail_waiters(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
+        self.group.close(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
 
     def storage_accounting(self) -> dict[str, Any]:
         """Read-only, for the management API's storage manifest: the raft

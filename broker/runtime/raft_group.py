@@ -4,7 +4,7 @@ Where it sits: between the pure Raft core (`broker.raft`) and everything with
 I/O. It turns the core's `Ready` into storage writes (`GroupLog.append` /
 `set_hard_state`, group-committed by the WAL writer thread), peer messages
 (through a `send` callback, normally the peer transport) and applied commands
-(through the `apply` callback, normally a queue or metadata machine adapter).
+(through its `Machine`, runtime/machine.py: the queue or metadata adapter).
 
 The Ready contract (broker/raft/node.py) is followed literally:
   1. `rd.messages` are sent at once (leader appends go out in parallel with
@@ -15,6 +15,15 @@ The Ready contract (broker/raft/node.py) is followed literally:
   5. when the WAL writer reports the writes durable (`on_durable`, hopped
      onto the event loop), `persisted(seq)` lets the leader count its own
      copy and releases the follower's acknowledgements.
+
+Snapshots are the group's: it restores the machine from the log's snapshot
+at start and from the leader's on InstallSnapshot, and decides when to take
+one (every `snapshot_interval` applied entries at the machine's next release
+cursor, at once on a `Cursor.NOW`, and after `snapshot_idle_s` with nothing
+applied); it writes the machine's serialised state once the entry is applied
+and durable here, then compacts the Raft core's history, releases segments
+below the machine's release bound and compacts the log to the entries the
+machine still needs (docs/STORAGE.md "Compaction").
 
 Proposals return futures resolved with the machine's reply when the entry is
 applied (so a publisher confirm is only sent once the entry is committed,
@@ -31,7 +40,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +70,8 @@ from broker.raft import (
     Unavailable,
 )
 
+from .machine import Cursor, Machine, MachineSnapshot
+
 log = logging.getLogger("broker.raft_group")
 
 _ENTRY_KINDS = {k.value: k for k in EntryKind}
@@ -69,7 +80,8 @@ _ECHOES = (HeartbeatResponse, AppendResponse)
 
 
 def encode_membership(m: Membership) -> bytes:
-    return msgpack.packb([sorted(m.voters), sorted(m.learners)])
+    data: bytes = msgpack.packb([sorted(m.voters), sorted(m.learners)])
+    return data
 
 
 def decode_membership(b: bytes) -> Membership:
@@ -207,10 +219,6 @@ class ProposalUnknown(ProposalFailed):
     de-duplicates or that are idempotent (enqueues, settles, channel down)."""
 
 
-ApplyFn = Callable[[int, int, int, Any], Any]
-"""apply(index, term, timestamp_ms, payload) -> reply (NORMAL entries only)."""
-
-
 class RaftGroup:
     """One member of one Raft group on this node."""
 
@@ -220,29 +228,34 @@ class RaftGroup:
         node_id: str,
         glog: st.GroupLog,
         members: Membership,
-        apply: ApplyFn,
+        machine: Machine,
         send: Callable[[str, Message], None],
         *,
         raft_config: RaftConfig | None = None,
         rng: random.Random | None = None,
         on_role_change: Callable[[Role, NodeId | None], None] | None = None,
-        on_snapshot: Callable[[bytes], None] | None = None,
-        augment_snapshot: Callable[[bytes, int], bytes] | None = None,
         clock_ms: Callable[[], int] | None = None,
-        applied: int = 0,
+        snapshot_interval: int = 20_000,
+        snapshot_idle_s: float | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = NodeId(node_id)
         self.glog = glog
-        self._apply = apply
+        self.machine = machine
         self._send = send
         self._on_role_change = on_role_change
-        self._on_snapshot = on_snapshot
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         cfg = raft_config or RaftConfig()
         if cfg.group != group_id:
             cfg = RaftConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "group": group_id})
-        self.storage = GroupLogStorage(glog, members, augment_snapshot)
+        # The machine starts from this log's snapshot, if any; Raft replays
+        # the committed entries after it.
+        applied = 0
+        snap = glog.latest_snapshot()
+        if snap is not None:
+            machine.restore(snap.data, False)
+            applied = snap.meta.index
+        self.storage = GroupLogStorage(glog, members, machine.snapshot_for_follower)
         self.node = RaftNode(node_id, self.storage, cfg, rng or random.Random(), applied=applied)
         self._loop = asyncio.get_running_loop()
         self._scheduled = False
@@ -263,6 +276,14 @@ class RaftGroup:
         self._quiet_streak = 0  # consecutive quiet checks (leader)
         self._notice: tuple[str, int, int] | None = None  # the leader's Quiesce
         self._notice_ticks = 0
+        # Snapshot cadence (the group's, for every machine): NORMAL entries
+        # applied since the last snapshot taken (or tried); the idle timer.
+        self.snapshot_interval = snapshot_interval
+        self.snapshot_idle_s = snapshot_idle_s
+        self.applied_since_snapshot = 0
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_applied_at = 0.0
+        self.closed = False  # the member is closing: no more snapshots
 
     # ------------------------------------------------------------ inputs
     def tick(self) -> None:
@@ -441,7 +462,8 @@ class RaftGroup:
                 sm = rd.snapshot.meta
                 glog.save_snapshot(sm.index, sm.term, encode_membership(sm.config), rd.snapshot.data)
             if rd.entries:
-                glog.append(rd.entries)  # raft Entry has the fields storage needs
+                # a raft Entry has the fields storage needs (append converts it)
+                glog.append(rd.entries)  # type: ignore[arg-type]
                 if self._waiters and self.role is not Role.LEADER:
                     self._overwritten(rd.entries)
             if rd.hard_state is not None:
@@ -458,8 +480,7 @@ class RaftGroup:
         for m in rd.persisted_messages:
             send(m.dst, m)
         if rd.snapshot is not None:
-            if self._on_snapshot is not None:
-                self._on_snapshot(rd.snapshot.data)
+            self.machine.restore(rd.snapshot.data, True)
             self.applied_index = rd.snapshot.meta.index
             self._snapshot_over_waiters(rd.snapshot.meta.index)
         for e in rd.committed_entries:
@@ -478,13 +499,23 @@ class RaftGroup:
             else:
                 ts, payload = msgpack.unpackb(e.data, raw=False, strict_map_key=False)
             self.last_applied_ms = ts
+            machine = self.machine
             try:
-                reply = self._apply(e.index, e.term, ts, payload)
+                reply = machine.apply(e.index, e.term, ts, payload)
             except BaseException as exc:
                 if waiter is not None and not waiter[1].done():
                     waiter[1].set_exception(ProposalFailed(
                         f"group {self.group_id} stopped applying entry {e.index}: {exc}"))
                 raise
+            n = self.applied_since_snapshot + 1
+            self.applied_since_snapshot = n
+            cursor = machine.release_cursor()
+            if cursor is not None and (cursor is Cursor.NOW or n >= self.snapshot_interval):
+                self._take_snapshot(e.index)
+            if self.snapshot_idle_s is not None:
+                self._last_applied_at = self._loop.time()
+                if self._idle_timer is None:
+                    self._arm_idle()
         self.applied_index = e.index
         if waiter is not None:
             term, fut = waiter
@@ -494,6 +525,72 @@ class RaftGroup:
                 fut.set_result(reply)
             else:
                 fut.set_exception(ProposalReplaced(f"entry {e.index} was replaced by a new leader"))
+
+    # ------------------------------------------------------------ snapshots
+    def _take_snapshot(self, index: int) -> None:
+        """Serialise the machine's state now (it is the state as of `index`,
+        the entry just applied) and write it once Raft recorded the entry as
+        applied (after this Ready), which is also when it is known durable
+        here."""
+        self.applied_since_snapshot = 0
+        snap = self.machine.snapshot(index)
+        self._loop.call_soon(self._write_snapshot, index, snap)
+
+    def _write_snapshot(self, index: int, snap: MachineSnapshot) -> None:
+        """Write the snapshot, then compact the core's history, release the
+        segments below `snap.release` and compact the log to `snap.keep`.
+        Skipping one is always safe (the log still holds everything after
+        the previous snapshot)."""
+        node = self.node
+        if self.closed or self.stopped is not None:
+            return
+        if index > node.max_snapshot_index():
+            # Not durable here yet: the idle check retries, else the next cursor.
+            self.applied_since_snapshot = max(
+                self.applied_since_snapshot, 1 if self.snapshot_idle_s is not None else self.snapshot_interval)
+            self._arm_idle()
+            return
+        current = self.glog.snapshot_meta()
+        if current is not None and current.index >= index:
+            return
+        meta = node.snapshot_meta(index)
+        try:
+            self.glog.save_snapshot(meta.index, meta.term, encode_membership(meta.config), snap.data)
+            node.compacted()
+            self.glog.release(snap.release)
+        except (st.StorageError, OSError) as exc:
+            # written atomically or not at all; the group goes on from its log
+            # (a failing WAL stops it through on_storage_error)
+            log.error("group %s: snapshot at %d not written: %s", self.group_id, index, exc)
+            return
+        if snap.keep is not None:
+            # segments below the snapshot holding few live entries are rewritten
+            # (docs/STORAGE.md "Compaction"); optional: a failure only logs
+            try:
+                self.glog.compact(snap.keep)
+            except (st.StorageError, OSError) as exc:
+                log.warning("group %s: log compaction failed: %s", self.group_id, exc)
+
+    def _arm_idle(self) -> None:
+        if self._idle_timer is None and self.snapshot_idle_s is not None and not self.closed:
+            self._idle_timer = self._loop.call_later(self.snapshot_idle_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """Snapshot (release, compact) a member that applied entries since its
+        last snapshot and then nothing for `snapshot_idle_s`."""
+        self._idle_timer = None
+        idle_s = self.snapshot_idle_s
+        if self.closed or idle_s is None or self.stopped is not None or self.applied_since_snapshot == 0:
+            return
+        wait = self._last_applied_at + idle_s - self._loop.time()
+        if wait > 0:
+            self._idle_timer = self._loop.call_later(wait, self._idle_check)
+            return
+        index = self.applied_index
+        if index > self.node.max_snapshot_index():  # not yet durable here
+            self._arm_idle()
+            return
+        self._take_snapshot(index)
 
     # ------------------------------------------------------------ durability
     def on_durable(self) -> None:
@@ -524,12 +621,12 @@ class RaftGroup:
         self.node.persisted(seq)
         self._kick()
 
-    def _overwritten(self, entries: list[Entry]) -> None:
+    def _overwritten(self, entries: Sequence[Entry]) -> None:
         """A leader's entries replaced this node's log from entries[0].index:
         a proposal waiting at an index now holding another term's entry, or
         beyond the new end of the log, was truncated away: never applied."""
         first, last = entries[0].index, entries[-1].index
-        terms = {e.index: e.term for e in entries}
+        terms: dict[int, int] = {e.index: e.term for e in entries}
         for i in [i for i in self._waiters if i >= first]:
             term, fut = self._waiters[i]
             if i > last or terms.get(i) != term:
@@ -573,6 +670,16 @@ class RaftGroup:
                 if not fut.done():
                     fut.set_exception(ProposalFailed(f"group {self.group_id} stopped: {exc}"))
             self._waiters.clear()
+
+    def close(self, reason: str) -> None:
+        """This member is closing (queue deleted, member removed or replaced,
+        node stopping): no more snapshots (its log may be deleted next), and
+        its pending proposals fail (`fail_waiters`)."""
+        self.closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self.fail_waiters(reason)
 
     def fail_waiters(self, reason: str) -> None:
         """This member is closing (queue deleted or member removed/replaced):

@@ -14,7 +14,30 @@ import pytest
 
 from broker import storage as st
 from broker.raft import Membership, NodeId, RaftConfig
+from broker.runtime.machine import Cursor, MachineSnapshot
 from broker.runtime.raft_group import RaftGroup
+
+
+class FnMachine:
+    """A `Machine` over an apply function that never offers a snapshot."""
+
+    def __init__(self, fn: Callable[[int, int, int, Any], Any]) -> None:
+        self.fn = fn
+
+    def apply(self, index: int, term: int, timestamp_ms: int, command: Any) -> Any:
+        return self.fn(index, term, timestamp_ms, command)
+
+    def release_cursor(self) -> Cursor | None:
+        return None
+
+    def snapshot(self, index: int) -> MachineSnapshot:
+        raise AssertionError("no snapshot expected")
+
+    def restore(self, data: bytes, installed: bool) -> None:
+        raise AssertionError("no snapshot expected")
+
+    def snapshot_for_follower(self, data: bytes, index: int) -> bytes:
+        return data
 
 
 class Member:
@@ -31,8 +54,8 @@ class Member:
         glog = self.mgr.open_group("g1")
         self.group = RaftGroup(
             "g1", name, glog, Membership(frozenset(NodeId(v) for v in voters)),
-            self._apply, net.sender(name), raft_config=RaftConfig(election_tick=10),
-            rng=random.Random(hash(name) & 0xFFFF), applied=0,
+            FnMachine(self._apply), net.sender(name), raft_config=RaftConfig(election_tick=10),
+            rng=random.Random(hash(name) & 0xFFFF),
         )
 
     def _durable(self) -> None:
@@ -174,7 +197,7 @@ async def test_member_restarting_with_only_an_uncommitted_config_entry_can_still
     applied: list[Any] = []
     try:
         group = RaftGroup("g1", "n1", mgr.open_group("g1"), learner,
-                          lambda i, t, ts, p: applied.append(p), lambda dst, msg: None,
+                          FnMachine(lambda i, t, ts, p: applied.append(p)), lambda dst, msg: None,
                           raft_config=RaftConfig(election_tick=10), rng=random.Random(7))
         assert group.node.config.voters == {NodeId("n1")}
         group.campaign()
@@ -204,7 +227,7 @@ async def test_unexpected_error_while_applying_stops_the_group_and_fails_its_wai
             if payload == "bad":
                 raise ValueError("broken invariant")
             return ("applied", payload)
-        m.group._apply = boom
+        m.group.machine = FnMachine(boom)
         bad = m.group.propose("bad")
         later = m.group.propose("later")
         await _until(lambda: bad.done() and later.done())
