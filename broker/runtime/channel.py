@@ -62,6 +62,7 @@ from .confirms import (
     unknown_tag_text,
 )
 from .declarations import reply_detail
+from .errors import ChannelError
 from .msg_stats import MsgCounters, NodeStats
 from .publish import PublisherSession
 from .queues import Message, QueueProcess, QueueUid
@@ -80,16 +81,6 @@ _F_HEADERS = 0x2000
 _F_PRIORITY = 0x0800
 _F_EXPIRATION = 0x0100
 _F_USER_ID = 0x0010
-
-
-class ChannelError(Exception):
-    def __init__(self, code: int, text: str, method: Any = None) -> None:
-        super().__init__(text)
-        self.code = code
-        self.text = text
-        idx = getattr(method, "index", 0) or 0
-        self.class_id = idx >> 16
-        self.method_id = idx & 0xFFFF
 
 
 class ConnectionError_(ChannelError):
@@ -356,7 +347,7 @@ class Channel:
         q = node.queue(self._vhost(), name)
         if not m.nowait:
             if q is not None:
-                await node.commands_settled(q.uid)  # a closed channel's returns count
+                await node.commands.commands_settled(q.uid)  # a closed channel's returns count
             ov = q.overview() if q is not None else {"messages_ready": 0}
             if q is not None and q.kind == "quorum" and not q.is_leader:
                 # counts as the leader has them (this node may hold no replica)
@@ -387,7 +378,7 @@ class Channel:
         self._run_async(self._queue_purge(q, m))
 
     async def _queue_purge(self, q: QueueProcess, m: C.Queue.Purge) -> None:
-        reply = await self.node.queue_command(q, qm.Purge())
+        reply = await self.node.commands.queue_command(q, qm.Purge())
         if not m.nowait:
             self.send(C.Queue.PurgeOk(message_count=getattr(reply, "count", 0)))
 
@@ -512,7 +503,7 @@ class Channel:
         self._run_async(self._checkout(q, consumer, prefetch, priority))
 
     async def _checkout(self, q: QueueProcess, c: Consumer, prefetch: int, priority: int) -> None:
-        await self.node.queue_command(q, qm.Checkout(c.cid, prefetch, priority))
+        await self.node.commands.queue_command(q, qm.Checkout(c.cid, prefetch, priority))
 
     def basic_cancel(self, m: C.Basic.Cancel) -> None:
         c = self.consumers.pop(m.consumer_tag, None)
@@ -523,7 +514,7 @@ class Channel:
             self.send(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
     async def _cancel(self, c: Consumer, m: C.Basic.Cancel) -> None:
-        await self.node.queue_command(c.queue, qm.Cancel(c.cid))
+        await self.node.commands.queue_command(c.queue, qm.Cancel(c.cid))
         if not m.nowait:
             self.send(C.Basic.CancelOk(consumer_tag=m.consumer_tag))
         # an auto-delete queue goes with its last consumer, no-ack ones included
@@ -543,9 +534,9 @@ class Channel:
         self._run_async(self._get(q, m))
 
     async def _get(self, q: QueueProcess, m: C.Basic.Get) -> None:
-        reply = await self.node.queue_command(q, qm.Dequeue(self.ref, bool(m.no_ack)))
+        reply = await self.node.commands.queue_command(q, qm.Dequeue(self.ref, bool(m.no_ack)))
         if isinstance(reply, qm.Dequeued):
-            found = self.node.dequeued_message(q, reply.raft_index)
+            found = self.node.commands.dequeued_message(q, reply.raft_index)
             if found is None:
                 # The body is not on this node any more (its member went away
                 # while the get was in flight): give the message back, answer
@@ -553,7 +544,7 @@ class Channel:
                 log.warning("%s: basic.get body %d not readable here; returned", q.name,
                             reply.raft_index)
                 if not m.no_ack:
-                    self.node.queue_command_reliable(q.uid, qm.Return(
+                    self.node.commands.queue_command_reliable(q.uid, qm.Return(
                         ConsumerId(self.ref, DEQUEUE_TAG), (reply.msg_id,)))
                 self.send(C.Basic.GetEmpty())
                 return
@@ -599,7 +590,7 @@ class Channel:
         groups = group_by_consumer(self.unacked.values())
         self.unacked.clear()
         for (uid, cid), ids in groups.items():
-            self.node.queue_command_reliable(
+            self.node.commands.queue_command_reliable(
                 uid, qm.Return(cid, tuple(ids)),
                 lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
@@ -713,7 +704,7 @@ class Channel:
                 session = self.sessions.get(uid)
                 if session is None:
                     session = self.sessions[uid] = PublisherSession(
-                        self.ref, lambda payload, uid=uid: node.submit_enqueue(uid, payload),
+                        self.ref, lambda payload, uid=uid: node.commands.submit_enqueue(uid, payload),
                         node.call_later, f"{self.ref}->{q.name}")
                 session.publish(len(p.body), priority, expiration, props, p.body, p.exchange,
                                 p.routing_key, lambda ok, pending=pending: self._published(pending, ok))
@@ -823,7 +814,7 @@ class Channel:
         lost connection re-sends them (settling twice is harmless)."""
         settles, self._settles = self._settles, {}
         for (uid, cid), (_q, ids) in settles.items():
-            self.node.queue_command_reliable(
+            self.node.commands.queue_command_reliable(
                 uid, qm.Settle(cid, tuple(ids)),
                 lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
@@ -857,7 +848,7 @@ class Channel:
     def _nacked(self, taken: list[Any], requeue: bool) -> None:
         for (uid, cid), ids in group_by_consumer(taken).items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
-            self.node.queue_command_reliable(
+            self.node.commands.queue_command_reliable(
                 uid, cmd, lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
 
     # ------------------------------------------------------------ management views
@@ -930,7 +921,7 @@ class Channel:
             down = qm.ChannelDown(self.ref, delivered=tuple(
                 (tag, tuple(sorted(ids))) for tag, ids in sorted(per_tag.items())))
             # Reliable: until applied, the channel's messages stay checked out.
-            self.node.queue_command_reliable(uid, down)
+            self.node.commands.queue_command_reliable(uid, down)
             q = self.node.registry.live_queue(uid)
             if q is not None:
                 self.node.declarations.schedule_auto_delete_check(q)

@@ -6,6 +6,23 @@ and the AMQP channel translate them into HTTP statuses and reply codes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+class ChannelError(Exception):
+    """A channel-level AMQP error (channel.close with `code` and `text`,
+    naming the failed method). Raised by the channel's handlers and by the
+    queue command path (runtime/commands.py); the management port turns it
+    into an HTTP status. `ConnectionError_` (runtime/channel.py) is the
+    connection-level kind."""
+
+    def __init__(self, code: int, text: str, method: Any = None) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        idx = getattr(method, "index", 0) or 0
+        self.class_id = idx >> 16
+        self.method_id = idx & 0xFFFF
 
 
 class QueueGone(Exception):
@@ -25,4 +42,4 @@ class Refused:
     reason: str
 
 
-__all__ = ["QueueGone", "Refused"]
+__all__ = ["ChannelError", "QueueGone", "Refused"]

@@ -37,7 +37,7 @@ from broker.mgmt.port import (
     StoredMessage,
 )
 
-from .channel import ChannelError
+from .errors import ChannelError
 from .membership import MembershipError
 from .queues import QueueProcess, QuorumQueue
 
@@ -75,12 +75,12 @@ class QueueRef:
 
     async def command(self, cmd: qm.Command) -> object:
         try:
-            return await self._node.queue_command(self._q, cmd)
+            return await self._node.commands.queue_command(self._q, cmd)
         except ChannelError as exc:
             raise QueueCommandFailed(exc.code, exc.text) from None
 
     def command_reliable(self, cmd: qm.Command, on_applied: Callable[[], None] | None = None) -> None:
-        self._node.queue_command_reliable(self._q.uid, cmd, on_applied)
+        self._node.commands.queue_command_reliable(self._q.uid, cmd, on_applied)
 
     def message(self, raft_index: int) -> StoredMessage:
         props, body, exchange, routing_key = self._q.message(raft_index)[:4]

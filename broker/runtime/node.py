@@ -36,15 +36,12 @@ from broker.raft import RaftConfig
 from broker.storage import manifest as st_manifest
 
 from . import peer_wire as pw
-from . import wire
 from .alarms import DISK, Alarms
 from .amqp_server import AmqpConnection
-from .backoff import Backoff
 from .cluster import Cluster
-from .dead_letter import dead_letter_message, dl_cycle
+from .commands import Commands
 from .declarations import Declarations
 from .definitions import DefinitionsError, load_definitions_file
-from .errors import QueueGone
 from .forwarding import Forwarding
 from .limits import ConnectionLimits
 from .liveness import Liveness
@@ -52,7 +49,6 @@ from .membership import Membership
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
 from .queues import Message, QueueProcess, QueueUid, QuorumQueue
 from .quiesce import PASS_TICKS, Quiescence
-from .raft_group import ProposalReplaced
 from .registry import Registry
 
 log = logging.getLogger("broker.node")
@@ -79,6 +75,8 @@ class Node:
         self.registry = Registry(self, config["raft.snapshot_interval"])
         #: where queue commands go; the node's side of the ordered publish path (runtime/forwarding.py)
         self.forwarding = Forwarding(self)
+        #: queue commands (one-shot, reliable), gets' bodies, at-most-once dead lettering (runtime/commands.py)
+        self.commands = Commands(self)
         #: the registry's table of queue processes (the same dict), for the many readers
         self.queues = self.registry.queues
         self.connections: set[AmqpConnection] = set()
@@ -98,10 +96,6 @@ class Node:
         #: every STORAGE_USAGE_INTERVAL_S by the alarm loop
         self.storage_usage: dict[str, int] = {}
         self._borrowed_refs: set[str] = set()  # see borrow_channel
-        # Reliable queue commands not yet applied (or the queue gone), per
-        # queue, and who waits for none to be left (commands_settled).
-        self._reliable_open: dict[QueueUid, int] = {}
-        self._reliable_waiters: dict[QueueUid, list[asyncio.Future[None]]] = {}
         self.port = 0
         self.cluster: Cluster | None = None
         self._join_in_progress: dict[str, bool] = {}
@@ -118,7 +112,6 @@ class Node:
         self._alarm_task: asyncio.Task[None] | None = None
         self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
         self._stopping = False
-        self._dequeued_bodies: dict[tuple[str, str, int], Message] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -202,7 +195,7 @@ class Node:
             if isinstance(q, QuorumQueue):
                 for ch in q.gone_channels():
                     if self.liveness.is_local(ch):
-                        self.queue_command_reliable(q.uid, qm.ChannelDown(ch))
+                        self.commands.queue_command_reliable(q.uid, qm.ChannelDown(ch))
         self.registry.drop_orphan_classic_logs()
         await self.registry.delete_stale_temporaries()
         if fresh and self.config["load_definitions"] and self.meta.group.is_leader:
@@ -723,120 +716,27 @@ class Node:
         return self.registry.queue(vhost, name)
 
     # ------------------------------------------------------------ queue commands
+    # (runtime/commands.py; the node is the host of declarations, dead-letter
+    # workers, queues and the registry, which call these)
     def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> asyncio.Future[Any]:
-        """A publisher session's enqueue, routed by the queue's current process
-        (a local leader proposes it, anything else forwards it)."""
-        q = self.registry.live_queue(uid)
-        if q is None:
-            raise QueueGone(f"queue '{uid[1]}' in vhost '{uid[0]}' is gone")
-        return q._submit(payload)
+        return self.commands.submit_enqueue(uid, payload)
+
+    def queue_command_reliable(self, uid: QueueUid, cmd: qm.Command, on_applied: Any = None) -> None:
+        self.commands.queue_command_reliable(uid, cmd, on_applied)
 
     def remember_dequeued(self, vhost: str, name: str, index: int, msg: Message) -> None:
-        """A basic.get's body shipped by a leader on another node."""
-        bodies = self._dequeued_bodies
-        bodies[(vhost, name, index)] = msg
-        while len(bodies) > 1024:  # a get reads its body at once; bound stragglers
-            bodies.pop(next(iter(bodies)))
+        self.commands.remember_dequeued(vhost, name, index, msg)
 
-    def dequeued_message(self, q: QueueProcess, index: int) -> Message | None:
-        """The body of a message a basic.get dequeued: shipped with the reply,
-        or read from this node's replica (the current one: a membership change
-        may have replaced the process), or None when it is not here."""
-        msg = self._dequeued_bodies.pop((q.vhost, q.name, index), None)
-        if msg is not None:
-            return msg
-        for cand in (q, self.registry.live_queue(q.uid)):
-            if cand is None:
-                continue
-            try:
-                return cand.message(index)
-            except (KeyError, IndexError, st.StorageError):
-                continue
-        return None
+    async def commands_settled(self, uid: QueueUid, timeout: float = 5.0) -> None:
+        await self.commands.commands_settled(uid, timeout)
+
+    def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
+                    messages: list[tuple[Message, dict[str, Any]]]) -> None:
+        self.commands.dead_letter(vhost, exchange, routing_key, messages)
 
     def call_later(self, delay: float, fn: Any) -> Any:
         assert self._loop is not None
         return self._loop.call_later(delay, fn)
-
-    async def queue_command(self, q: QueueProcess, cmd: qm.Command) -> Any:
-        from .channel import ChannelError
-
-        # A command proposed here and then overwritten by a new leader was never
-        # applied: propose it again (to the new leader) until it is, for a while.
-        uid = q.uid
-        deadline = time.monotonic() + 30
-        while True:
-            cur = self.registry.live_queue(uid)
-            if cur is None:
-                raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is gone")
-            try:
-                return await cur.command(cmd)
-            except ChannelError:
-                raise
-            except ProposalReplaced as exc:
-                if time.monotonic() > deadline:
-                    raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
-                                            f"{exc}") from None
-                await asyncio.sleep(0.05)
-            except Exception as exc:
-                raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
-                                        f"{exc}") from None
-
-    def queue_command_reliable(self, uid: QueueUid, cmd: qm.Command,
-                               on_applied: Any = None) -> None:
-        """Submit an idempotent command (settle, return, discard, channel down)
-        until it is applied or the queue is gone: a leader change, a replaced
-        entry or a lost connection re-sends it. `on_applied()` runs once it is
-        applied (not when the queue is gone)."""
-        self._reliable_open[uid] = self._reliable_open.get(uid, 0) + 1
-        _ReliableCommand(self, uid, wire.payload_for(cmd), on_applied).submit()
-
-    def _reliable_finished(self, uid: QueueUid) -> None:
-        left = self._reliable_open.get(uid, 1) - 1
-        if left > 0:
-            self._reliable_open[uid] = left
-            return
-        self._reliable_open.pop(uid, None)
-        for fut in self._reliable_waiters.pop(uid, ()):
-            if not fut.done():
-                fut.set_result(None)
-
-    async def commands_settled(self, uid: QueueUid, timeout: float = 5.0) -> None:
-        """Wait (at most `timeout`) until the reliable commands this node sent
-        to the queue are applied: a closed channel's messages are back in the
-        queue before the counts of a later queue.delete or queue.declare are
-        read, as in RabbitMQ, where a channel's queues learn of its end before
-        the channel is gone."""
-        if not self._reliable_open.get(uid):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._reliable_waiters.setdefault(uid, []).append(fut)
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            log.debug("queue %s: commands still unapplied after %.1f s", uid[1], timeout)
-
-    # ------------------------------------------------------------ dead lettering
-    def dead_letter(self, vhost: str, exchange: str, routing_key: str | None,
-                    messages: list[tuple[Message, dict[str, Any]]]) -> None:
-        """At-most-once dead lettering: republish with x-death headers, no confirms."""
-        for msg, death in messages:
-            props, body, rk, headers, priority = dead_letter_message(msg, death, routing_key)
-            routed = md.route(self.meta.state, md.VhostName(vhost), exchange, rk, headers)
-            if isinstance(routed, md.MetadataError):
-                continue
-            if death["reason"] != "rejected":  # RabbitMQ drops automatic cycles
-                routed = [q for q in routed if not dl_cycle(q, headers.get("x-death"))]
-            for qname in routed:
-                target = self.queue(vhost, qname)
-                if target is None or target.deleted:
-                    continue
-                try:
-                    fut = target.enqueue(None, 0, props, body, exchange, rk, priority, None)
-                    fut.add_done_callback(_log_failure)
-                except Exception as exc:
-                    log.warning("dead letter to %s failed: %s", qname, exc)
-
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
     """From the storage threads onto the loop (a no-op once the loop closed)."""
@@ -844,57 +744,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:
         pass
-
-
-def _log_failure(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.debug("queue command failed: %s", fut.exception())
-
-
-class _ReliableCommand:
-    """One idempotent queue command re-submitted until applied (see
-    Node.queue_command_reliable). Retries back off from 10 ms to 1 s."""
-
-    __slots__ = ("node", "uid", "payload", "on_applied", "backoff")
-
-    def __init__(self, node: Node, uid: QueueUid, payload: list[Any], on_applied: Any) -> None:
-        self.node = node
-        self.uid = uid
-        self.payload = payload
-        self.on_applied = on_applied
-        self.backoff = Backoff(0.01, 1.0)
-
-    def submit(self) -> None:
-        q = self.node.registry.live_queue(self.uid)
-        if q is None or self.node._loop is None:
-            self.node._reliable_finished(self.uid)
-            return  # the queue is gone: nothing left to settle
-        try:
-            fut = q._submit(self.payload)
-        except Exception as exc:  # noqa: BLE001 - not leader at this instant, stopped group
-            log.debug("queue %s: command not submitted yet: %s", q.name, exc)
-            self._again()
-            return
-        fut.add_done_callback(self._done)
-
-    def _done(self, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            self.node._reliable_finished(self.uid)
-            if self.on_applied is not None:
-                self.on_applied()
-            return
-        exc = None if fut.cancelled() else fut.exception()
-        if isinstance(exc, QueueGone):
-            self.node._reliable_finished(self.uid)
-            return
-        log.debug("queue command to be re-sent: %s", exc)
-        self._again()
-
-    def _again(self) -> None:
-        if self.node.registry.live_queue(self.uid) is None or self.node._loop is None:
-            self.node._reliable_finished(self.uid)
-            return
-        self.node._loop.call_later(self.backoff.next(), self.submit)
 
 
 # ---------------------------------------------------------------- process entry

@@ -406,9 +406,8 @@ class _Host:
 
     def __init__(self) -> None:
         self.commands: list[tuple[Any, Any]] = []
-        self.node = SimpleNamespace(
-            incarnation="n1",
-            queue_command_reliable=lambda uid, cmd, done=None: self.commands.append((uid, cmd)))
+        self.node = SimpleNamespace(incarnation="n1", commands=SimpleNamespace(
+            queue_command_reliable=lambda uid, cmd, done=None: self.commands.append((uid, cmd))))
         self.id = "c1"
         self.channel_opens = 0
         self.nstats = NodeStats(self.node)  # type: ignore[arg-type]

@@ -247,10 +247,7 @@ class _FakeQueue:
 class _FakeNode:
     def __init__(self, q: _FakeQueue) -> None:
         self.q: _FakeQueue | None = q
-        self._loop = asyncio.get_running_loop()
-        self.registry = self  # live_queue
-
-        self.finished: list[Any] = []  # what Node.commands_settled counts down
+        self.finished: list[Any] = []  # what Commands.commands_settled counts down
 
     def live_queue(self, uid: Any) -> _FakeQueue | None:
         return self.q
@@ -263,7 +260,7 @@ async def test_settles_and_channel_down_are_resent_until_applied() -> None:
     """Issue 10 defect 5: an ack (or a channel-down notice) whose proposal is
     replaced by a new leader is re-sent, not dropped; once applied it is not
     sent again; and it stops when the queue is gone."""
-    from broker.runtime.node import _ReliableCommand
+    from broker.runtime.commands import _ReliableCommand
 
     loop = asyncio.get_running_loop()
     q = _FakeQueue(loop, fail=3)
