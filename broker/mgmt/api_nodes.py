@@ -180,7 +180,9 @@ async def health_quorum_critical(request: web.Request) -> web.Response:
 async def health_raft_groups(request: web.Request) -> web.Response:
     """503 when a Raft group on this node stopped (a broken invariant or a
     storage failure) or a queue member could not start: that member serves
-    nothing until the node's data is repaired or the member is replaced."""
+    nothing until the node's data is repaired or the member is replaced. (A
+    queue member stopped by a failed write starts again by itself once the
+    disk is out of alarm: docs/OPERATIONS.md.)"""
     stopped = ctx(request).port.stopped_members()
     if stopped:
         return web.json_response({

@@ -87,6 +87,12 @@ class Registry:
         #: members that could not start (their storage is unusable): queue key ->
         #: reason. Reported by status and health checks.
         self.failed_members: dict[tuple[str, str], str] = {}
+        #: of those, the ones whose storage could not be written (a full disk):
+        #: `restart_stopped` tries them again once there is room
+        self._start_again: set[tuple[str, str]] = set()
+        #: restarts so far and the earliest next one, by queue key (a disk that
+        #: fills again at once must not make a member restart every 2 s)
+        self._restarts: dict[tuple[str, str], tuple[int, float]] = {}
 
     # ------------------------------------------------------------ lookups
     def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
@@ -168,6 +174,8 @@ class Registry:
                 # members go on; local clients reach the leader elsewhere.
                 log.error("queue %s/%s: member on this node stopped: %s", record.vhost, record.name, exc)
                 self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, st.StorageIOError):
+                    self._start_again.add(key)
                 if glog is not None:
                     glog.close()  # (its bootstrap record could not be written)
                 self.queues[key] = self._proxy(record)
@@ -201,6 +209,64 @@ class Registry:
             q = ClassicQueue(self.host, record.vhost, record.name, config)
         q.uid = uid
         self.queues[key] = q
+
+    def restart_stopped(self) -> list[str]:
+        """Members stopped by a failed write (`StorageIOError`: ENOSPC, EIO)
+        start again, as Ra's supervisor restarts a crashed server: called by
+        the node while its disk is not in alarm. The log handle already holds
+        only what is durable (`GroupLog.wal_failed` dropped the rest), so the
+        new member starts from exactly what a process restart would read;
+        it waits while a write of the old one is still in flight. Members
+        that could not be created on a full disk are created again. Corrupt
+        data and broken invariants stay stopped (an operator's call).
+        Returns the queues restarted."""
+        me = self.host.node_name
+        done: list[str] = []
+        now = time.monotonic()
+        for key, q in list(self.queues.items()):
+            if not isinstance(q, QuorumQueue) or q.deleted \
+                    or not isinstance(q.group.stopped, st.StorageIOError):
+                continue
+            count, not_before = self._restarts.get(key, (0, 0.0))
+            if now < not_before:
+                continue
+            glog = q.glog
+            try:
+                if glog.failed is not None or glog.last_index() != glog.durable_index() \
+                        or glog.hard_state() != glog.durable_hard_state():
+                    continue  # unusable, or the old member's write still in flight
+            except st.StorageError:
+                continue
+            record = self.queue_record(*key)
+            if record is None or me not in record.members:
+                continue
+            log.warning("queue %s/%s: restarting the member stopped by %s", key[0], key[1],
+                        q.group.stopped)
+            self._restarts[key] = (count + 1, now + min(60.0, 2.0 ** (count + 1)))
+            q.close()
+            self.groups.pop(glog.group_id, None)
+            glog.close()
+            del self.queues[key]
+            self.start_queue(record)
+            new_q = self.queues.get(key)
+            if new_q is not None:
+                carry_over(q, new_q)
+            done.append(f"{key[0]}/{key[1]}")
+        for key in list(self._start_again):
+            record = self.queue_record(*key)
+            self._start_again.discard(key)
+            if record is None or me not in record.members or key not in self.failed_members:
+                continue
+            old = self.queues.pop(key, None)  # its proxy
+            del self.failed_members[key]
+            log.warning("queue %s/%s: starting the member that could not be created again",
+                        key[0], key[1])
+            self.start_queue(record)  # as a process restart would
+            new_q = self.queues.get(key)
+            if old is not None and new_q is not None:
+                carry_over(old, new_q)
+            done.append(f"{key[0]}/{key[1]}")
+        return done
 
     def _proxy(self, record: md.QueueRecord) -> RemoteQueue:
         proxy = RemoteQueue(self.host, record.vhost, record.name,

@@ -28,9 +28,10 @@ class Publisher(threading.Thread):
     """Confirmed publishes of 1, 2, 3... on one connection until stopped;
     notes connection.blocked / unblocked as the client library reports them."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, queue: str = "alarm-q") -> None:
         super().__init__(daemon=True)
         self.port = port
+        self.queue = queue
         self.confirmed: list[int] = []
         self.blocked = threading.Event()
         self.unblocked = threading.Event()
@@ -49,8 +50,9 @@ class Publisher(threading.Thread):
             n = 0
             while not self.stop.is_set():
                 n += 1
-                ch.basic_publish("", "alarm-q", str(n).encode() * 100,
-                                 pika.BasicProperties(delivery_mode=2))
+                ch.basic_publish("", self.queue, str(n).encode() * 100,  # mandatory: an
+                                 pika.BasicProperties(delivery_mode=2),  # unroutable one raises
+                                 mandatory=True)
                 self.confirmed.append(n)  # returns once confirmed (raises on a nack)
                 conn.process_data_events(0)  # hands over queued blocked/unblocked callbacks
             conn.close()
@@ -152,6 +154,81 @@ def test_low_disk_on_one_node_blocks_publishers_everywhere_and_loses_nothing(
             break
         ch.basic_ack(method.delivery_tag)
         got.append(int(body[: len(body) // 100]))
+    cons.close()
+    missing = set(pub.confirmed) - set(got)
+    assert not missing, f"{len(missing)} confirmed messages lost: {sorted(missing)[:10]}"
+
+
+@pytest.fixture
+def unguarded(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
+    """Node 3 on a small tmpfs with the disk alarm off: its writes hit ENOSPC."""
+    mnt = tmp_path / "n3mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "qqfull", str(mnt)], check=True)
+    c = MgmtCluster(tmp_path / "c", extra=(
+        "disk_free_limit.absolute = 0\nraft.wal_max_size_bytes = 1048576\n"
+        "cluster.housekeeping_interval_ms = 500\n"))
+    c.nodes[2].data_dir = mnt / "data"
+    c.nodes[2].log_path = tmp_path / "n3.log"
+    try:
+        c.start()
+        yield c, mnt
+    finally:
+        c.kill_all()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_member_stopped_by_a_full_disk_starts_again_once_there_is_room(
+        unguarded: tuple[MgmtCluster, Path]) -> None:
+    """With no disk alarm to block publishers, node 3's disk fills up: its
+    member of the queue stops on ENOSPC (health check raft-groups 503) while
+    the other two keep confirming. Once the filler is gone the member starts
+    again by itself (no node restart), catches up with the leader, and every
+    confirmed message is there."""
+    from tests.storage.helpers import fill_disk
+
+    c, mnt = unguarded
+    n1, n2, n3 = c.nodes
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port))
+    setup.channel().queue_declare("full-q", durable=True,
+                                  arguments={**QQ, "x-quorum-initial-group-size": 3})
+    setup.close()
+    status = c.apis[0].get("/api/queues/%2F/full-q/quorum-status")[1]
+    assert n3.name in [m["node"] for m in status], status
+    pub = Publisher(n1.port, "full-q")
+    pub.start()
+    wait_for(lambda: len(pub.confirmed) >= 50, what="publishing under way")
+    filler = mnt / "filler"
+    fill_disk(filler)
+    wait_for(lambda: c.apis[2].get("/api/health/checks/raft-groups")[0] == 503, timeout=60,
+             what="node 3's member stopped on the full disk")
+    _status, body = c.apis[2].get("/api/health/checks/raft-groups")
+    assert any("full-q" in g["group"] or "No space" in g["reason"] for g in body["groups"]), body
+    stopped_at = len(pub.confirmed)
+    wait_for(lambda: len(pub.confirmed) >= stopped_at + 50, what="confirms go on with two members")
+    filler.unlink()
+    wait_for(lambda: c.apis[2].get("/api/health/checks/raft-groups")[0] == 200, timeout=60,
+             what="the member started again")
+    pub.stop.set()
+    pub.join(30)
+    assert pub.error is None, pub.error
+
+    def caught_up() -> bool:
+        status = c.apis[0].get("/api/queues/%2F/full-q/quorum-status")[1]
+        by_node = {m["node"]: m for m in status}
+        leader = next(m for m in status if m["raft_state"] == "leader")
+        mine = by_node[n3.name]
+        return mine["online"] and mine["match_index"] == leader["commit_index"]
+    wait_for(caught_up, timeout=60, what="node 3's member caught up with the leader")
+    got: list[int] = []
+    cons = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n2.port))
+    ch = cons.channel()
+    while True:
+        method, _props, body_ = ch.basic_get("full-q")
+        if method is None:
+            break
+        ch.basic_ack(method.delivery_tag)
+        got.append(int(body_[: len(body_) // 100]))
     cons.close()
     missing = set(pub.confirmed) - set(got)
     assert not missing, f"{len(missing)} confirmed messages lost: {sorted(missing)[:10]}"

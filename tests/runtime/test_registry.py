@@ -224,3 +224,73 @@ def test_start_up_deletes_transient_queues_homed_here_and_orphan_classic_logs(
         await node.registry.delete_stale_temporaries()
         assert sorted(n for _v, n in node.state.queues) == ["kept", "theirs"]
     run(body, storage)
+
+
+QQ_ARGS = md.freeze_table({"x-queue-type": "quorum"})
+
+
+def test_a_member_a_failed_write_stopped_starts_again_from_its_durable_log(
+        storage: st.LogManager) -> None:
+    """Ra's supervisor restarts a crashed server; here the node's
+    housekeeping calls `restart_stopped` while its disk is not in alarm. The
+    new member is a new process over the same log, with the consumers
+    carried over; a second stop waits out a back-off; a broken invariant
+    stays stopped."""
+    async def body(node: FakeNode) -> None:
+        qq = declare(node, "qq", ("a", "b", "c"), arguments=QQ_ARGS)
+        declare(node, "broken", ("a", "b", "c"), arguments=QQ_ARGS)
+        reg = node.registry
+        old = reg.queue("/", "qq")
+        assert isinstance(old, QuorumQueue)
+        consumer = type("C", (), {"queue": old})()
+        old.consumers[qm.ConsumerId("ch", "t")] = consumer  # type: ignore[assignment]
+        assert reg.restart_stopped() == []  # nothing stopped
+        old.group.on_storage_error(st.StorageIOError(28, "No space left on device"))
+        broken = reg.queue("/", "broken")
+        assert isinstance(broken, QuorumQueue)
+        broken.group.on_storage_error(st.InvariantError("a bug"))
+        assert reg.restart_stopped() == ["//qq"]
+        new = reg.queue("/", "qq")
+        assert isinstance(new, QuorumQueue) and new is not old and new.group.stopped is None
+        assert old.deleted and new.uid == old.uid and reg.groups[reg.group_id(qq)] is new.group
+        assert new.glog.group_id == old.glog.group_id and reg.group_id(qq) in storage.group_ids()
+        assert consumer.queue is new and qm.ConsumerId("ch", "t") in new.consumers
+        assert reg.queue("/", "broken") is broken and broken.group.stopped is not None
+        new.group.on_storage_error(st.StorageIOError(28, "No space left on device"))
+        assert reg.restart_stopped() == []  # the back-off: not again at once
+        assert reg.queue("/", "qq") is new
+    run(body, storage)
+
+
+def test_a_stopped_member_waits_while_a_write_of_its_old_self_is_in_flight(
+        storage: st.LogManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body(node: FakeNode) -> None:
+        declare(node, "qq", ("a", "b", "c"), arguments=QQ_ARGS)
+        reg = node.registry
+        q = reg.queue("/", "qq")
+        assert isinstance(q, QuorumQueue)
+        q.group.on_storage_error(st.StorageIOError(28, "No space left on device"))
+        monkeypatch.setattr(q.glog, "durable_index", lambda: q.glog.last_index() - 1)
+        assert reg.restart_stopped() == [] and reg.queue("/", "qq") is q
+        monkeypatch.undo()
+        assert reg.restart_stopped() == ["//qq"]
+    run(body, storage)
+
+
+def test_a_member_that_could_not_be_created_on_a_full_disk_is_created_again(
+        storage: st.LogManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(gid: str) -> Any:
+        raise st.StorageIOError(28, f"group {gid!r}: creating its directory: No space left on device")
+
+    async def body(node: FakeNode) -> None:
+        monkeypatch.setattr(storage, "open_group", full)
+        declare(node, "qq", ("a", "b", "c"), arguments=QQ_ARGS)
+        reg = node.registry
+        proxy = reg.queue("/", "qq")
+        assert isinstance(proxy, RemoteQueue) and ("/", "qq") in reg.failed_members
+        monkeypatch.undo()
+        assert reg.restart_stopped() == ["//qq"]
+        q = reg.queue("/", "qq")
+        assert isinstance(q, QuorumQueue) and q.uid == proxy.uid and not reg.failed_members
+        assert reg.restart_stopped() == []
+    run(body, storage)
