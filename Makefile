@@ -55,7 +55,8 @@ lint: $(STAMP)
 		broker/runtime/raft_wire.py broker/runtime/alarms.py broker/runtime/limits.py \
 		broker/runtime/msg_stats.py broker/runtime/transport.py broker/runtime/publish.py \
 		broker/runtime/cluster.py broker/runtime/dead_letter.py broker/runtime/declarations.py \
-		broker/runtime/definitions.py broker/runtime/mgmt_port.py broker/runtime/machine.py broker/runtime/raft_group.py
+		broker/runtime/definitions.py broker/runtime/mgmt_port.py broker/runtime/machine.py broker/runtime/raft_group.py \
+		broker/runtime/registry.py broker/runtime/forwarding.py broker/runtime/commands.py
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data

@@ -1,10 +1,20 @@
 """One broker node: storage, the metadata group, queue members, the AMQP listener.
 
-Where it sits: the top of the I/O shell. `Node.start()` opens the node's
-storage (one WAL shared by every Raft group here), recovers the metadata
-group and every local queue member it lists, starts the Raft tick timer and
-the AMQP listener. Channels call into the node for declarations (through the
-metadata store) and queue commands (through the queue processes).
+Where it sits: the top of the I/O shell, and its wiring. `Node.start()`
+opens the node's storage (one WAL shared by every Raft group here), recovers
+the metadata group and every local queue member it lists, starts the Raft
+tick timer and the AMQP listener.
+
+What it owns: start/stop, TLS, the tick timer, routing of storage callbacks,
+housekeeping and alarm wiring, joining and peer-down handling, the node-local
+views peers ask for (`serve_call`), the process entry (`main`, `_serve`).
+Its jobs live in collaborators, each behind a small host Protocol the node
+satisfies: `registry` (queue processes, metadata effects: registry.py),
+`forwarding` (where commands go, the drain of forwarded publishes:
+forwarding.py), `commands` (queue commands, dead lettering: commands.py),
+`declarations`, `liveness`, `quiescence`, `membership`, `limits`, `alarms`.
+Its remaining queue-facing methods are one-line delegates that those
+protocols (the queues' `Host`, `ClusterHost`, ...) name.
 
 Channel references are `"<node>|<incarnation>/<connection>/<channel>"`: the
 incarnation changes at every start, so after a restart a queue leader can tell
