@@ -509,9 +509,13 @@ class RaftGroup:
                 raise
             n = self.applied_since_snapshot + 1
             self.applied_since_snapshot = n
-            cursor = machine.release_cursor()
-            if cursor is not None and (cursor is Cursor.NOW or n >= self.snapshot_interval):
-                self._take_snapshot(e.index)
+            try:
+                cursor = machine.release_cursor()
+                if cursor is not None and (cursor is Cursor.NOW or n >= self.snapshot_interval):
+                    self._take_snapshot(e.index)
+            except Exception:  # noqa: BLE001 - a snapshot is optional; the entry is applied
+                # (and its waiter, popped above, must still get its reply)
+                log.exception("group %s: snapshot at %d failed; skipped", self.group_id, e.index)
             if self.snapshot_idle_s is not None:
                 self._last_applied_at = self._loop.time()
                 if self._idle_timer is None:

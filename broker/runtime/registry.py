@@ -38,7 +38,7 @@ import msgpack
 from broker import metadata as md
 from broker import queue as qm
 from broker import storage as st
-from broker.raft import RaftConfig
+from broker.raft import InvariantViolation, RaftConfig
 
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
@@ -168,7 +168,7 @@ class Registry:
                 voters = bootstrap_voters(record, glog, joining)
                 qq = QuorumQueue(self.host, record.vhost, record.name, config, glog,
                                  voters, self.host.raft_config, learner=not voters)
-            except st.StorageError as exc:
+            except (st.StorageError, InvariantViolation) as exc:
                 # This member's data is unusable (corrupt file, unreadable
                 # snapshot) or cannot be created (a full disk): it stays stopped, the node and the queue's other
                 # members go on; local clients reach the leader elsewhere.
@@ -224,8 +224,12 @@ class Registry:
         done: list[str] = []
         now = time.monotonic()
         for key, q in list(self.queues.items()):
-            if not isinstance(q, QuorumQueue) or q.deleted \
-                    or not isinstance(q.group.stopped, st.StorageIOError):
+            if not isinstance(q, QuorumQueue) or q.deleted or q.group.stopped is None:
+                continue
+            stopped = q.group.stopped
+            # the I/O error itself, or what the drop of the not-durable entries
+            # caused before on_error arrived (an append after the drop: a gap)
+            if not isinstance(stopped, st.StorageIOError) and not q.glog.io_failed:
                 continue
             count, not_before = self._restarts.get(key, (0, 0.0))
             if now < not_before:
@@ -249,9 +253,10 @@ class Registry:
             del self.queues[key]
             self.start_queue(record)
             new_q = self.queues.get(key)
-            if new_q is not None:
+            if new_q is not None:  # the member, or a proxy if it could not start
                 carry_over(q, new_q)
-            done.append(f"{key[0]}/{key[1]}")
+            if isinstance(new_q, QuorumQueue):
+                done.append(f"{key[0]}/{key[1]}")
         for key in list(self._start_again):
             record = self.queue_record(*key)
             self._start_again.discard(key)
@@ -265,7 +270,8 @@ class Registry:
             new_q = self.queues.get(key)
             if old is not None and new_q is not None:
                 carry_over(old, new_q)
-            done.append(f"{key[0]}/{key[1]}")
+            if isinstance(new_q, QuorumQueue):
+                done.append(f"{key[0]}/{key[1]}")
         return done
 
     def _proxy(self, record: md.QueueRecord) -> RemoteQueue:

@@ -141,6 +141,7 @@ class GroupLog:
         self._durable_hs = hard_state
         self._epoch = 0  # bumped on a write error: queued appends of older epochs are dropped
         self._failed: BaseException | None = None
+        self._io_failed = False
         self._closed = False
         # Test hook: called with the name of each step of compact() as it is
         # passed ("written", "renamed", "dir_synced", "unlinked") so crash
@@ -296,6 +297,14 @@ class GroupLog:
     def failed(self) -> BaseException | None:
         """The error that stopped this group, if any."""
         return self._failed
+
+    @property
+    def io_failed(self) -> bool:
+        """A WAL write of this group failed since it was opened (its
+        not-durable entries were dropped). Its user may have stopped on a
+        consequence (a gap when appending after the drop) before the
+        `on_error` report reached it; the restart logic asks here."""
+        return self._io_failed
 
     def term(self, index: int) -> int:
         """Term of entry `index` (or of the snapshot at `index`; term(0) == 0)."""
@@ -550,6 +559,7 @@ class GroupLog:
 
     def wal_failed(self) -> None:
         """Drop everything not durable: the caller re-appends after on_error."""
+        self._io_failed = True
         self._epoch += 1
         self._mem.truncate_from(self._durable + 1)
         self._hs = self._durable_hs
@@ -584,6 +594,7 @@ class GroupLog:
         if not self._closed:
             raise GroupAlreadyOpenError(f"group {self.group_id!r} is already open")
         self._closed = False
+        self._io_failed = False
         self._on_durable, self._on_error = on_durable, on_error
 
     def mark_deleted(self) -> None:

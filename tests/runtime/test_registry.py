@@ -294,3 +294,50 @@ def test_a_member_that_could_not_be_created_on_a_full_disk_is_created_again(
         assert isinstance(q, QuorumQueue) and q.uid == proxy.uid and not reg.failed_members
         assert reg.restart_stopped() == []
     run(body, storage)
+
+
+def test_a_member_stopped_by_what_a_dropped_write_caused_starts_again(storage: st.LogManager) -> None:
+    """Under load the report of a failed WAL write (on_error) can reach the
+    loop after the member already tried to append past the entries the
+    failure dropped: it stops on the gap, not on the StorageIOError. The log
+    remembers the failure (`io_failed`), so the member still starts again;
+    a gap with no I/O failure behind it stays stopped."""
+    async def body(node: FakeNode) -> None:
+        declare(node, "qq", ("a", "b", "c"), arguments=QQ_ARGS)
+        declare(node, "other", ("a", "b", "c"), arguments=QQ_ARGS)
+        reg = node.registry
+        q, other = reg.queue("/", "qq"), reg.queue("/", "other")
+        assert isinstance(q, QuorumQueue) and isinstance(other, QuorumQueue)
+        q.glog.wal_failed()  # what the WAL writer does (under the log's lock) on ENOSPC
+        q.group.on_storage_error(st.LogGapError("append at 13 but last index is 9"))
+        other.group.on_storage_error(st.LogGapError("append at 13 but last index is 9"))
+        assert reg.restart_stopped() == ["//qq"]
+        new = reg.queue("/", "qq")
+        assert isinstance(new, QuorumQueue) and new.group.stopped is None and not new.glog.io_failed
+        assert reg.queue("/", "other") is other
+    run(body, storage)
+
+
+def test_a_member_whose_log_breaks_a_raft_invariant_at_start_is_reported_not_lost(
+        storage: st.LogManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart that meets an inconsistent log (Raft's InvariantViolation,
+    e.g. a durable commit beyond the durable last index) leaves a proxy and a
+    failed member, as a corrupt log does: the queue stays usable through
+    its leader elsewhere and the health check says why."""
+    from broker.raft import InvariantViolation
+    from broker.runtime import registry as registry_mod
+
+    async def body(node: FakeNode) -> None:
+        declare(node, "qq", ("a", "b", "c"), arguments=QQ_ARGS)
+        reg = node.registry
+        q = reg.queue("/", "qq")
+        assert isinstance(q, QuorumQueue)
+        q.group.on_storage_error(st.StorageIOError(28, "No space left on device"))
+
+        def broken(*a: Any, **kw: Any) -> Any:  # (RaftNode's check, raised building the member)
+            raise InvariantViolation("durable commit 12 beyond durable last index 9")
+        monkeypatch.setattr(registry_mod, "bootstrap_voters", broken)
+        assert reg.restart_stopped() == []
+        assert isinstance(reg.queue("/", "qq"), RemoteQueue)
+        assert reg.failed_members[("/", "qq")].startswith("InvariantViolation")
+    run(body, storage)
