@@ -13,6 +13,10 @@ Output: aligned tables by default, `--json` for scripts. Long operations
 Exit codes: 0 success; 1 the broker refused or an operation failed (the
 message says why); 2 bad usage; 69 the broker is unreachable or a health
 check failed (EX_UNAVAILABLE); 75 a wait timed out (EX_TEMPFAIL).
+
+Why one file of this size: one small function per `qqctl` command over the
+management API, plus the argument table; each command is independent and
+short.
 """
 from __future__ import annotations
 

@@ -29,6 +29,12 @@ Output ordering invariant: bytes are produced in the order the protocol
 requires as long as the shell writes every byte string returned by a
 `send_*` helper and by `data_to_send()` in the order it got them; helpers
 prepend any queued automatic replies to what they return.
+
+Why one file of this size: it is the whole server side of an AMQP 0-9-1
+connection as one sans-I/O state machine (handshake, channel states, content
+assembly, flow, heartbeats, limits); the frame codec lives apart (`codec.py`).
+Every method handler checks the same connection and channel state, which is
+what keeps protocol errors exact.
 """
 
 from __future__ import annotations

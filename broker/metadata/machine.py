@@ -10,6 +10,11 @@ One handler per command type, chosen from `_HANDLERS`. A handler either
 returns a `MetadataError` reply and leaves the state untouched, or changes
 the state and returns the effects of the change. Errors are checked in the
 order RabbitMQ checks them, so the first refusal matches RabbitMQ's.
+
+Why one file of this size: one `apply` over one state (vhosts, users,
+permissions, exchanges, bindings, queues, policies, parameters, limits); each
+command is a small handler of the same state, in one place so the replicated
+behaviour is read in one file.
 """
 from __future__ import annotations
 

@@ -26,6 +26,11 @@ is set: served first, i.e. "near the head"), `hi` (priority > 4) and `lo`
 classic queue, `requeue_in_place`, back in index order where it was).
 Between `hi` and `lo` every third pick takes `lo` unless `hi`'s head is older
 (RabbitMQ 4.x rabbit_fifo_q, weight 2).
+
+Why one file of this size: like `rabbit_fifo.erl`, it is one `apply` over one
+state: each command's handler is short, but they share the ready/checked-out
+bookkeeping, and a reader checks a rule (delivery limit, dead lettering,
+single active consumer) by reading one file.
 """
 from __future__ import annotations
 

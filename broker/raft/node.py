@@ -28,6 +28,13 @@ The Ready contract (see `Ready` and docs/raft.md):
    leader count its own copy towards commit, and only then are the follower's
    acks for those entries released (in a later Ready's persisted_messages).
    A synchronous host may call `advance(rd, persisted=True)` instead.
+
+Why one file of this size: the Raft core is one state machine. Roles,
+replication, elections (pre-vote, check-quorum), membership changes,
+leadership transfer, snapshots and the quiescence predicates all read and
+write the same private state under one set of invariants (etcd/raft keeps
+raft.go whole for the same reason); split, each piece would need the others'
+internals.
 """
 from __future__ import annotations
 

@@ -20,6 +20,11 @@ Channel references are `"<node>|<incarnation>/<connection>/<channel>"`: the
 incarnation changes at every start, so after a restart a queue leader can tell
 which consumers belong to a previous life of a node and return their
 messages (see QuorumQueue._leader_housekeeping).
+
+Why still this size: it is the wiring (start, stop, TLS, ticker, housekeeping,
+alarms) plus three jobs not yet moved out (node-local views and `serve_call`,
+joining, peer-down handling); docs/ARCHITECTURE.md lists them as issue 14's
+remaining split.
 """
 from __future__ import annotations
 

@@ -9,6 +9,11 @@ dead-letter publishes, queue expiry, log release.
 
 Log entry payloads: see `runtime/wire.py` (their one owner). The enqueue
 entry *is* the message: deliveries read it back by raft index.
+
+Why one file of this size: the queue processes share one base (`QueueProcess`:
+consumers, effect interpretation, deliveries, body cache); the quorum, remote
+and node-local classic variants are thin subclasses of it, kept beside it so
+the effect handling is read once.
 """
 from __future__ import annotations
 

@@ -32,6 +32,11 @@ by another leader's entry, or the node is not the leader.
 
 Log entries for NORMAL commands carry `[timestamp_ms, payload]` (msgpack):
 the leader's wall clock at proposal is the machine's only notion of time.
+
+Why one file of this size: it is the one driver of the Ready contract (above),
+with the storage adapter Raft reads through (`GroupLogStorage`), proposals and
+their waiters, quiescence's per-group part and the snapshot cadence of its
+`Machine`; they share the Ready loop's ordering, which is the safety argument.
 """
 from __future__ import annotations
 
