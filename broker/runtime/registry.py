@@ -224,12 +224,8 @@ class Registry:
         done: list[str] = []
         now = time.monotonic()
         for key, q in list(self.queues.items()):
-            if not isinstance(q, QuorumQueue) or q.deleted or q.group.stopped is None:
-                continue
-            stopped = q.group.stopped
-            # the I/O error itself, or what the drop of the not-durable entries
-            # caused before on_error arrived (an append after the drop: a gap)
-            if not isinstance(stopped, st.StorageIOError) and not q.glog.io_failed:
+            if not isinstance(q, QuorumQueue) or q.deleted \
+                    or not isinstance(q.group.stopped, st.StorageIOError):
                 continue
             count, not_before = self._restarts.get(key, (0, 0.0))
             if now < not_before:

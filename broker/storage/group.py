@@ -141,7 +141,9 @@ class GroupLog:
         self._durable_hs = hard_state
         self._epoch = 0  # bumped on a write error: queued appends of older epochs are dropped
         self._failed: BaseException | None = None
-        self._io_failed = False
+        # the write error that dropped this group's not-durable writes, until
+        # the handle is reopened (see wal_failed)
+        self._io_error: StorageIOError | None = None
         self._closed = False
         # Test hook: called with the name of each step of compact() as it is
         # passed ("written", "renamed", "dir_synced", "unlinked") so crash
@@ -301,10 +303,8 @@ class GroupLog:
     @property
     def io_failed(self) -> bool:
         """A WAL write of this group failed since it was opened (its
-        not-durable entries were dropped). Its user may have stopped on a
-        consequence (a gap when appending after the drop) before the
-        `on_error` report reached it; the restart logic asks here."""
-        return self._io_failed
+        not-durable entries were dropped; see `wal_failed`)."""
+        return self._io_error is not None
 
     def term(self, index: int) -> int:
         """Term of entry `index` (or of the snapshot at `index`; term(0) == 0)."""
@@ -420,6 +420,13 @@ class GroupLog:
             raise
 
     # ----- writes
+    def _after_failure(self, what: str) -> StorageIOError:
+        """A write that needs what a failed WAL write dropped (lock held)."""
+        err = self._io_error
+        assert err is not None
+        return StorageIOError(err.errno or 5, f"group {self.group_id!r}: {what} needs writes "
+                                              f"that failed: {err.strerror or err}")
+
     def append(self, entries: Sequence[Entry]) -> None:
         """Queue entries for the WAL (non-blocking). If entries[0].index <=
         last_index() this is an overwrite: the suffix from there is dropped
@@ -481,6 +488,8 @@ class GroupLog:
                 if snap is not None and f == snap.index + 1 and (last is None or last <= snap.index):
                     reset = True
                 elif not (last is None and snap is None and f == 1):
+                    if self._io_error is not None:
+                        raise self._after_failure(f"append at {f}")
                     raise LogGapError(
                         f"group {self.group_id!r}: append at {f} but last index is "
                         f"{last if last is not None else self._empty_last()}"
@@ -524,6 +533,8 @@ class GroupLog:
         rec = codec.encode_hard_state(self._ref, hs.term, hs.voted_for, hs.commit)
         with self._lock:
             self._check()
+            if self._io_error is not None and hs.commit > self._last_index_locked():
+                raise self._after_failure(f"hard state commit {hs.commit}")
             self._hs = hs
             self._wal.submit(Pending(self, self._epoch, [rec], len(rec), None, hs, rec,
                                      ref=self._ref))
@@ -557,9 +568,15 @@ class GroupLog:
             term = 0
         return self._durable, term
 
-    def wal_failed(self) -> None:
-        """Drop everything not durable: the caller re-appends after on_error."""
-        self._io_failed = True
+    def wal_failed(self, err: StorageIOError) -> None:
+        """Drop everything not durable: the caller re-appends from
+        durable_index() + 1 after on_error. Until then (on_error reaches its
+        loop later), a write that builds on what was dropped raises `err`
+        instead of being queued: an append past the new end (it would be a
+        gap) and a hard state committing beyond it. So the group stops on
+        the write error itself, and no hard state can become durable with a
+        commit index its durable log does not reach."""
+        self._io_error = err
         self._epoch += 1
         self._mem.truncate_from(self._durable + 1)
         self._hs = self._durable_hs
@@ -594,7 +611,7 @@ class GroupLog:
         if not self._closed:
             raise GroupAlreadyOpenError(f"group {self.group_id!r} is already open")
         self._closed = False
-        self._io_failed = False
+        self._io_error = None
         self._on_durable, self._on_error = on_durable, on_error
 
     def mark_deleted(self) -> None:

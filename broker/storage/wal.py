@@ -66,8 +66,8 @@ class WalGroup(Protocol):
     def wal_written(self, last_entry: Entry | None, hs: HardState | None) -> tuple[int, int]:
         """Lock held: the batch holding these is durable; (durable index, its term)."""
 
-    def wal_failed(self) -> None:
-        """Lock held: the batch failed; drop everything not durable."""
+    def wal_failed(self, err: StorageIOError) -> None:
+        """Lock held: the batch failed with `err`; drop everything not durable."""
 
 
 class Pending:
@@ -381,7 +381,7 @@ class Wal:
         err.__cause__ = exc
         with self._lock:
             for g in touched:
-                g.wal_failed()
+                g.wal_failed(err)
         for g in touched:
             cb = g.on_error
             if cb is not None:

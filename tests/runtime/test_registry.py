@@ -299,18 +299,24 @@ def test_a_member_that_could_not_be_created_on_a_full_disk_is_created_again(
 def test_a_member_stopped_by_what_a_dropped_write_caused_starts_again(storage: st.LogManager) -> None:
     """Under load the report of a failed WAL write (on_error) can reach the
     loop after the member already tried to append past the entries the
-    failure dropped: it stops on the gap, not on the StorageIOError. The log
-    remembers the failure (`io_failed`), so the member still starts again;
-    a gap with no I/O failure behind it stays stopped."""
+    failure dropped. The log then refuses that append with the write error
+    (not a gap error), so the member stops on the StorageIOError and starts
+    again; a gap with no I/O failure behind it stays stopped."""
     async def body(node: FakeNode) -> None:
         declare(node, "qq", ("a", "b", "c"), arguments=QQ_ARGS)
         declare(node, "other", ("a", "b", "c"), arguments=QQ_ARGS)
         reg = node.registry
         q, other = reg.queue("/", "qq"), reg.queue("/", "other")
         assert isinstance(q, QuorumQueue) and isinstance(other, QuorumQueue)
-        q.glog.wal_failed()  # what the WAL writer does (under the log's lock) on ENOSPC
-        q.group.on_storage_error(st.LogGapError("append at 13 but last index is 9"))
-        other.group.on_storage_error(st.LogGapError("append at 13 but last index is 9"))
+        # what the WAL writer does (under the log's lock) on ENOSPC
+        q.glog.wal_failed(st.StorageIOError(28, "WAL write failed: No space left on device"))
+        past_end = q.glog.last_index() + 3
+        with pytest.raises(st.StorageIOError) as refused:
+            q.glog.append([st.Entry(past_end, 1, b"x")])
+        q.group.on_storage_error(refused.value)  # as the group's Ready loop stops on it
+        with pytest.raises(st.LogGapError) as gap:
+            other.glog.append([st.Entry(other.glog.last_index() + 3, 1, b"x")])
+        other.group.on_storage_error(gap.value)
         assert reg.restart_stopped() == ["//qq"]
         new = reg.queue("/", "qq")
         assert isinstance(new, QuorumQueue) and new.group.stopped is None and not new.glog.io_failed

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import Entry, LogManager, StorageConfig, StorageIOError
+from broker.storage import Entry, HardState, LogManager, StorageConfig, StorageIOError
 
 from .helpers import Durable, fill_disk, payload, read_all
 
@@ -158,5 +158,46 @@ def test_a_snapshot_on_a_full_disk_is_a_storage_error_and_changes_nothing(tmp_pa
             g.save_snapshot(10, 1, b"cfg", b"x" * (64 * 1024))
             latest = g.latest_snapshot()
             assert latest is not None and latest.meta.index == 10
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.root
+def test_after_a_failed_write_nothing_builds_on_what_it_dropped(tmp_path: Path) -> None:
+    """Between the failed batch and its user hearing of it (on_error reaches
+    the user's loop later), the user may still write as if the dropped
+    entries were there. The log refuses those writes with the write error: an
+    append past its new end (else a gap error, and a member stopped for the
+    wrong reason), and a hard state committing beyond it (else a durable
+    commit index the durable log does not reach, which no restart can
+    accept). Re-appending from durable_index() + 1 is allowed, as before."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        d = Durable()
+        with LogManager.open(mnt / "node", CFG, on_durable=d.on_durable, on_error=d.on_error) as m:
+            a = m.open_group("a")
+            a.append([Entry(1, 1, payload("a", 1, 1, 100))])
+            a.set_hard_state(HardState(1, "n1", 1))
+            m.sync()
+            filler = mnt / "filler"
+            fill_disk(filler)
+            a.append([Entry(i, 1, payload("a", i, 1, 4096)) for i in (2, 3, 4)])
+            a.set_hard_state(HardState(1, "n1", 4))
+            m.sync()
+            assert [g for g, _ in d.errors] == ["a"] and a.durable_index() == 1 == a.last_index()
+            with pytest.raises(StorageIOError) as gap:
+                a.append([Entry(5, 1, payload("a", 5, 1, 100))])
+            assert gap.value.errno == errno.ENOSPC and "append at 5" in str(gap.value)
+            with pytest.raises(StorageIOError) as hs:
+                a.set_hard_state(HardState(1, "n1", 4))
+            assert hs.value.errno == errno.ENOSPC and "commit 4" in str(hs.value)
+            assert a.durable_hard_state() == HardState(1, "n1", 1)
+            filler.unlink()
+            a.append([Entry(2, 1, payload("a", 2, 1, 100))])  # from durable + 1: allowed
+            a.set_hard_state(HardState(1, "n1", 2))
+            m.sync()
+            assert a.durable_index() == 2 and a.durable_hard_state() == HardState(1, "n1", 2)
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
