@@ -246,29 +246,33 @@ class Registry:
             q.close()
             self.groups.pop(glog.group_id, None)
             glog.close()
-            del self.queues[key]
-            self.start_queue(record)
-            new_q = self.queues.get(key)
-            if new_q is not None:  # the member, or a proxy if it could not start
-                carry_over(q, new_q)
-            if isinstance(new_q, QuorumQueue):
+            if isinstance(self._start_in_place_of(q, record), QuorumQueue):
                 done.append(f"{key[0]}/{key[1]}")
         for key in list(self._start_again):
             record = self.queue_record(*key)
             self._start_again.discard(key)
             if record is None or me not in record.members or key not in self.failed_members:
                 continue
-            old = self.queues.pop(key, None)  # its proxy
             del self.failed_members[key]
             log.warning("queue %s/%s: starting the member that could not be created again",
                         key[0], key[1])
-            self.start_queue(record)  # as a process restart would
-            new_q = self.queues.get(key)
-            if old is not None and new_q is not None:
-                carry_over(old, new_q)
-            if isinstance(new_q, QuorumQueue):
+            # (in place of its proxy; joining=False as a process restart would)
+            if isinstance(self._start_in_place_of(self.queues.get(key), record), QuorumQueue):
                 done.append(f"{key[0]}/{key[1]}")
         return done
+
+    def _start_in_place_of(self, old: QueueProcess | None, record: md.QueueRecord,
+                           joining: bool = False) -> QueueProcess | None:
+        """Replace the queue's process (closed by the caller, or a proxy) by
+        the one `start_queue` makes for `record` now (a member, or a proxy if
+        it cannot start), carrying the queue's identity, consumers and blocked
+        publishers over."""
+        self.queues.pop((record.vhost, record.name), None)
+        self.start_queue(record, joining)
+        new = self.queues.get((record.vhost, record.name))
+        if old is not None and new is not None:
+            carry_over(old, new)
+        return new
 
     def _proxy(self, record: md.QueueRecord) -> RemoteQueue:
         proxy = RemoteQueue(self.host, record.vhost, record.name,
@@ -295,11 +299,7 @@ class Registry:
                 return  # the replica kept below, listed again: it runs on
             if q is not None:
                 q.close()
-                del self.queues[key]
-            self.start_queue(record, joining=True)
-            new_q = self.queues.get(key)
-            if q is not None and new_q is not None:
-                carry_over(q, new_q)
+            self._start_in_place_of(q, record, joining=True)
         elif me in eff.old and me not in eff.new and isinstance(q, QuorumQueue):
             raft = q.group.node
             if me in raft.config.members and raft.config_index >= record.members_index:
@@ -326,11 +326,7 @@ class Registry:
         gid = q.glog.group_id
         self.groups.pop(gid, None)
         q.glog.close()
-        try:
-            assert self.host.storage is not None
-            self.host.storage.delete_group(gid)
-        except st.StorageError as exc:
-            log.error("could not delete the data of %s: %s", gid, exc)
+        self._delete_data(gid)
 
     def _campaign_until_led(self, q: QuorumQueue, deadline: float) -> None:
         """The designated leader of a new group campaigns until a leader is
@@ -361,6 +357,9 @@ class Registry:
     def _drop_classic_log(self, gid: str) -> None:
         """A durable classic queue is deleted: its log goes too."""
         self.classic_logs.pop(gid, None)
+        self._delete_data(gid)
+
+    def _delete_data(self, gid: str) -> None:
         try:
             assert self.host.storage is not None
             self.host.storage.delete_group(gid)
