@@ -7,16 +7,19 @@ as root.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
 
 from tests.mgmt.conftest import MgmtCluster, wait_for
+from tests.storage.helpers import fill_disk
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -64,14 +67,14 @@ class Publisher(threading.Thread):
         self.blocked.set()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
+@contextlib.contextmanager
+def _node3_on_small_disk(tmp_path: Path, extra: str) -> Iterator[tuple[MgmtCluster, Path]]:
+    """A 3-node cluster whose node 3 keeps its data on a 24 MiB tmpfs (its log
+    elsewhere); yields the cluster and the mount point."""
     mnt = tmp_path / "n3mnt"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "qqalarm", str(mnt)], check=True)
-    c = MgmtCluster(tmp_path / "c", extra=(
-        f"disk_free_limit.absolute = {LIMIT}\nalarms.check_interval_ms = 100\n"
-        "raft.wal_max_size_bytes = 1048576\n"))
+    c = MgmtCluster(tmp_path / "c", extra=extra)
     c.nodes[2].data_dir = mnt / "data"
     c.nodes[2].log_path = tmp_path / "n3.log"  # not on the small disk
     try:
@@ -80,6 +83,24 @@ def cluster(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
     finally:
         c.kill_all()
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
+    with _node3_on_small_disk(tmp_path, f"disk_free_limit.absolute = {LIMIT}\n"
+                              "alarms.check_interval_ms = 100\nraft.wal_max_size_bytes = 1048576\n") as c:
+        yield c
+
+
+def _drain(ch: Any, queue: str) -> list[int]:
+    """basic.get (and ack) until empty: the numbers Publisher sent."""
+    got: list[int] = []
+    while True:
+        method, _props, body = ch.basic_get(queue)
+        if method is None:
+            return got
+        ch.basic_ack(method.delivery_tag)
+        got.append(int(body[: len(body) // 100]))
 
 
 def _fill_to(mnt: Path, free_left: int) -> Path:
@@ -148,12 +169,7 @@ def test_low_disk_on_one_node_blocks_publishers_everywhere_and_loses_nothing(
     assert pub.error is None, pub.error
 
     # every confirmed message is there
-    while True:
-        method, _props, body = ch.basic_get("alarm-q")
-        if method is None:
-            break
-        ch.basic_ack(method.delivery_tag)
-        got.append(int(body[: len(body) // 100]))
+    got += _drain(ch, "alarm-q")
     cons.close()
     missing = set(pub.confirmed) - set(got)
     assert not missing, f"{len(missing)} confirmed messages lost: {sorted(missing)[:10]}"
@@ -161,21 +177,10 @@ def test_low_disk_on_one_node_blocks_publishers_everywhere_and_loses_nothing(
 
 @pytest.fixture
 def unguarded(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
-    """Node 3 on a small tmpfs with the disk alarm off: its writes hit ENOSPC."""
-    mnt = tmp_path / "n3mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "qqfull", str(mnt)], check=True)
-    c = MgmtCluster(tmp_path / "c", extra=(
-        "disk_free_limit.absolute = 0\nraft.wal_max_size_bytes = 1048576\n"
-        "cluster.housekeeping_interval_ms = 500\n"))
-    c.nodes[2].data_dir = mnt / "data"
-    c.nodes[2].log_path = tmp_path / "n3.log"
-    try:
-        c.start()
-        yield c, mnt
-    finally:
-        c.kill_all()
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    """Node 3 on the small disk with the disk alarm off: its writes hit ENOSPC."""
+    with _node3_on_small_disk(tmp_path, "disk_free_limit.absolute = 0\nraft.wal_max_size_bytes = 1048576\n"
+                              "cluster.housekeeping_interval_ms = 500\n") as c:
+        yield c
 
 
 def test_a_member_stopped_by_a_full_disk_starts_again_once_there_is_room(
@@ -185,8 +190,6 @@ def test_a_member_stopped_by_a_full_disk_starts_again_once_there_is_room(
     the other two keep confirming. Once the filler is gone the member starts
     again by itself (no node restart), catches up with the leader, and every
     confirmed message is there."""
-    from tests.storage.helpers import fill_disk
-
     c, mnt = unguarded
     n1, n2, n3 = c.nodes
     setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port))
@@ -220,15 +223,8 @@ def test_a_member_stopped_by_a_full_disk_starts_again_once_there_is_room(
         mine = by_node[n3.name]
         return mine["online"] and mine["match_index"] == leader["commit_index"]
     wait_for(caught_up, timeout=60, what="node 3's member caught up with the leader")
-    got: list[int] = []
     cons = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n2.port))
-    ch = cons.channel()
-    while True:
-        method, _props, body_ = ch.basic_get("full-q")
-        if method is None:
-            break
-        ch.basic_ack(method.delivery_tag)
-        got.append(int(body_[: len(body_) // 100]))
+    got = _drain(cons.channel(), "full-q")
     cons.close()
     missing = set(pub.confirmed) - set(got)
     assert not missing, f"{len(missing)} confirmed messages lost: {sorted(missing)[:10]}"
