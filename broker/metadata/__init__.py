@@ -62,6 +62,7 @@ from .commands import (
     VhostAdded,
     VhostDeleted,
 )
+from .diff import effects_between
 from .errors import InvalidCommand, MetadataError, MetadataInvariantError
 from .limits import (
     MAX_CHANNELS,
@@ -138,7 +139,7 @@ __all__ = [
     "SetUserTags", "SnapshotError", "TopicPermission", "Unbind", "UserChanged", "UserDeleted",
     "UserName", "UserRecord", "VhostAdded", "VhostDeleted", "VhostName", "VhostRecord", "apply",
     "authenticate", "check", "check_loopback", "check_password", "check_topic",
-    "check_vhost_access", "effective_definition", "exchange_alternate", "freeze_table",
+    "check_vhost_access", "effective_definition", "effects_between", "exchange_alternate", "freeze_table",
     "from_bytes", "hash_password", "initial_state", "is_loopback", "new_state",
     "queue_operator_policy", "queue_policy", "route", "thaw_table", "to_bytes",
     "validate_policy",
