@@ -338,6 +338,14 @@ class Registry:
         asyncio.get_running_loop().call_later(0.1, self._campaign_until_led, q, deadline)
 
     def _stop_queue(self, record: md.QueueRecord) -> None:
+        running = self.queues.get((record.vhost, record.name))
+        if running is not None and running.uid[2] not in (0, record.created_at):
+            # the deletion of an earlier incarnation (an effect handed over
+            # again): the queue declared since is another one
+            log.warning("queue %s/%s: not deleted, it was declared again at %d (the deletion "
+                        "is of the one declared at %d)", record.vhost, record.name,
+                        running.uid[2], record.created_at)
+            return
         q = self.queues.pop((record.vhost, record.name), None)
         if q is None:
             if self.failed_members.pop((record.vhost, record.name), None) is not None and \

@@ -145,6 +145,27 @@ def test_a_deleted_queue_stops_and_its_data_goes(storage: st.LogManager) -> None
     run(body, storage)
 
 
+def test_the_deletion_of_an_earlier_incarnation_leaves_the_queue_declared_since(
+        storage: st.LogManager) -> None:
+    """A QueueDeleted handed over again (a metadata replica that installed
+    the leader's snapshot after a restart in place) names the record it
+    deleted: the queue of that name declared since keeps running, data and all."""
+    async def body(node: FakeNode) -> None:
+        qq = {"x-queue-type": "quorum"}
+        first = declare(node, "qq", ("a", "b", "c"), arguments=md.freeze_table(qq))
+        node.do(md.DeleteQueue(md.VhostName("/"), md.QueueName("qq")))
+        second = declare(node, "qq", ("a", "b", "c"), arguments=md.freeze_table(qq))
+        reg = node.registry
+        q = reg.queue("/", "qq")
+        assert isinstance(q, QuorumQueue) and q.uid[2] == second.created_at != first.created_at
+        reg.meta_effects([md.QueueDeleted(first), md.QueueDeclared(second)])
+        assert reg.queue("/", "qq") is q and not q.deleted
+        assert reg.group_id(second) in storage.group_ids()
+        reg.meta_effects([md.QueueDeleted(second)])  # its own deletion still deletes it
+        assert reg.queue("/", "qq") is None and reg.group_id(second) not in storage.group_ids()
+    run(body, storage)
+
+
 def test_a_member_whose_storage_fails_is_reported_and_replaced_by_a_proxy(
         storage: st.LogManager, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(gid: str) -> Any:
