@@ -11,13 +11,23 @@ local replica.
 It is its group's `Machine` (runtime/machine.py): every applied entry is a
 release cursor (the metadata needs no log entry once applied), so the group
 snapshots every `SNAPSHOT_EVERY` entries and releases the log up to the
-snapshot.
+snapshot. A replica that installs the leader's snapshot jumps over entries:
+it hands the node the effects between its state and the snapshot's
+(`metadata.effects_between`) instead of theirs.
+
+A failed write (a full disk) stops the group; `restart_stopped` starts it
+again in place over the same log once the node's disk is out of alarm, as
+Ra's supervisor restarts a server (the queue members' equivalent is
+`Registry.restart_stopped`). The new group replays the log from the
+snapshot; the effects of the entries the stopped one had already applied
+are not handed to the node again (it acted on them once).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -56,6 +66,9 @@ class MetadataStore:
         default_vhost: str = "/",
     ) -> None:
         self.glog = glog
+        self._node_name = node_name
+        self._send = send
+        self._raft_config = raft_config
         self._on_effects = on_effects
         self._forward = forward
         self._on_cluster_node = on_cluster_node
@@ -66,16 +79,70 @@ class MetadataStore:
         self._index_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._default = (default_user, default_pass, default_vhost)
         self.state = md.new_state()
+        #: entries up to this index were applied (and their effects handed to
+        #: the node) by a group this one replaced (`restart_stopped`)
+        self._effects_done_upto = 0
+        #: the state the node acted on, while a restarted group replays up to it
+        self._acted: md.MetadataState | None = None
+        self.restarts = 0
+        self._restart_not_before = 0.0
         # The group restores the state from the log's snapshot (restore).
-        self.group = RaftGroup(
-            META_GROUP, node_name, glog,
-            # A joining node starts knowing no configuration: it cannot campaign
-            # and takes the configuration from the leader's log.
-            Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
-            self, send, raft_config=raft_config, on_role_change=self._role_changed,
+        # A joining node starts knowing no configuration: it cannot campaign
+        # and takes the configuration from the leader's log.
+        self.group = self._new_group(
+            Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)))
+        self.bootstrapped = bool(self.state.vhosts)
+
+    def _new_group(self, bootstrap: Membership) -> RaftGroup:
+        return RaftGroup(
+            META_GROUP, self._node_name, self.glog, bootstrap, self, self._send,
+            raft_config=self._raft_config, on_role_change=self._role_changed,
             snapshot_interval=SNAPSHOT_EVERY,
         )
-        self.bootstrapped = bool(self.state.vhosts)
+
+    # ------------------------------------------------------------- restart
+    def restart_stopped(self, storage: st.LogManager) -> RaftGroup | None:
+        """The group stopped on a failed write (`StorageIOError`: ENOSPC,
+        EIO): start a new one over the same log, which already holds only
+        what is durable (`GroupLog.wal_failed`), as a process restart would
+        read it; the caller (the node, while its disk is not in alarm) puts
+        it where the old one was. Waits while a write of the old group is
+        still in flight; backs off 2..60 s between attempts. Corrupt data
+        and broken invariants stay stopped. Returns the new group."""
+        g, glog = self.group, self.glog
+        if not isinstance(g.stopped, st.StorageIOError) or time.monotonic() < self._restart_not_before:
+            return None
+        try:
+            if glog.failed is not None or glog.last_index() != glog.durable_index() \
+                    or glog.hard_state() != glog.durable_hard_state():
+                return None  # unusable, or the old group's write still in flight
+        except st.StorageError:
+            return None
+        log.warning("metadata: restarting the group stopped by %s (applied %d)", g.stopped,
+                    g.applied_index)
+        self.restarts += 1
+        self._restart_not_before = time.monotonic() + min(60.0, 2.0 ** self.restarts)
+        old_state = self._acted if self._acted is not None else self.state
+        old_applied = max(g.applied_index, self._effects_done_upto)
+        bootstrap = g.storage.bootstrap
+        g.close("the metadata group is restarting")
+        glog.close()
+        self.glog = storage.open_group(META_GROUP)
+        self._effects_done_upto, self._acted = old_applied, old_state
+        snap = self.glog.snapshot_meta()
+        # From the log alone, as a process restart: the log's snapshot (if
+        # any) is restored by the new group, its entries replayed over it.
+        self.state = md.new_state()
+        self.group = self._new_group(bootstrap)
+        # Readers (routing, permissions) must not see the empty state: the
+        # committed entries are replayed now.
+        self.group.process_now()
+        if snap is not None and snap.index > old_applied:
+            # a snapshot installed from the leader and saved before the old
+            # group stopped, but never restored by it
+            self._acted = None
+            self._on_effects(md.effects_between(old_state, self.state))
+        return self.group
 
     # ------------------------------------------------------------- commands
     async def execute(self, cmd: Any) -> Any:
@@ -83,6 +150,17 @@ class MetadataStore:
         here, return the machine's reply (errors come back as
         `MetadataError` values, not exceptions)."""
         payload = wire.pack(wire.encode_meta_command(cmd))
+        if self.group.is_leader or self._forward is None:
+            return await self.group.propose(payload)
+        index = await self._forward(self.group.leader or "", payload)
+        await self.wait_applied(index)
+        if index in self.replies:
+            return self.replies[index]
+        # The entry reached this replica inside the leader's snapshot, so no
+        # reply was computed here: run it again. Metadata commands are
+        # idempotent (a declaration finds what it declared, a deletion finds
+        # nothing to delete), and it is at most once more.
+        log.info("metadata: entry %d arrived in a snapshot; %s runs again", index, type(cmd).__name__)
         if self.group.is_leader or self._forward is None:
             return await self.group.propose(payload)
         index = await self._forward(self.group.leader or "", payload)
@@ -102,19 +180,24 @@ class MetadataStore:
         self.state, reply, effects = md.apply(md.CommandMeta(index, timestamp_ms), cmd, self.state)
         if isinstance(cmd, md.Bootstrap) or self.state.vhosts:
             self.bootstrapped = True
-        if effects:
-            self._on_effects(list(effects))
+        if index >= self._effects_done_upto:
+            self._acted = None  # replayed up to what the node acted on
+            if effects and index > self._effects_done_upto:
+                self._on_effects(list(effects))
         if isinstance(cmd, md.SetParameter) and cmd.component == CLUSTER_NODES:
             self._announce_nodes()
         self.replies[index] = reply
         if len(self.replies) > 10_000:
             self.replies.popitem(last=False)
+        self._applied_upto(index)
+        return reply
+
+    def _applied_upto(self, index: int) -> None:
         if self._index_waiters:
             for i in [i for i in self._index_waiters if i <= index]:
                 for w in self._index_waiters.pop(i):
                     if not w.done():
                         w.set_result(None)
-        return reply
 
     def release_cursor(self) -> Cursor:
         return Cursor.RELEASE
@@ -123,10 +206,18 @@ class MetadataStore:
         return MachineSnapshot(md.to_bytes(self.state), index + 1)
 
     def restore(self, data: bytes, installed: bool) -> None:
-        self.state = md.from_bytes(data)
-        if installed:  # the leader's, over this replica's state
+        old, self.state = self.state, md.from_bytes(data)
+        if installed:  # the leader's, over this replica's state: it skipped entries
             self.bootstrapped = bool(self.state.vhosts)
+            # The node acted on every entry up to `_effects_done_upto`: after
+            # a restart in place, from the state it acted on, and only beyond.
+            if self.state.last_applied > self._effects_done_upto:
+                effects = md.effects_between(old if self._acted is None else self._acted, self.state)
+                self._acted = None
+                if effects:
+                    self._on_effects(effects)
             self._announce_nodes()
+            self._applied_upto(self.state.last_applied)
 
     def snapshot_for_follower(self, data: bytes, index: int) -> bytes:
         return data
@@ -148,4 +239,9 @@ class MetadataStore:
             cmd = md.Bootstrap(md.hash_password(password, os.urandom(4)), md.UserName(user),
                                md.VhostName(vhost))
             fut = self.group.propose(wire.pack(wire.encode_meta_command(cmd)))
-            fut.add_done_callback(lambda f: f.exception() and log.error("bootstrap failed: %s", f.exception()))
+            fut.add_done_callback(_log_bootstrap_failure)
+
+
+def _log_bootstrap_failure(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("bootstrap failed: %s", fut.exception())

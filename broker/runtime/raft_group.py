@@ -433,6 +433,12 @@ class RaftGroup:
             self._scheduled = True
             self._loop.call_soon(self._process)
 
+    def process_now(self) -> None:
+        """Handle what is ready at once, not on the next loop pass: a group
+        started in place of one that served (runtime/metastore.py) replays
+        its log's committed entries before anything reads its machine."""
+        self._process()
+
     def _process(self) -> None:
         self._scheduled = False
         if self.shutting_down:
