@@ -24,7 +24,8 @@ NAMES = ["a", "b", "c"]
 
 
 class Replica:
-    def __init__(self, name: str, data: Path, net: dict[str, Replica], cut: set[str]) -> None:
+    def __init__(self, name: str, data: Path, net: dict[str, Replica], cut: set[str],
+                 forward: bool = False) -> None:
         loop = asyncio.get_running_loop()
         self.name = name
         self.effects: list[Any] = []
@@ -37,9 +38,16 @@ class Replica:
             if name not in cut and dst not in cut and dst in net:
                 loop.call_soon(net[dst].step, msg)
 
+        async def to_leader(leader: str, payload: bytes) -> int:
+            # the forwarding peer call, in process (it reaches the leader
+            # even while this replica's Raft traffic is cut)
+            index, fut = net[leader].store.group.propose_indexed(payload)
+            await fut
+            return index
+
         self.store = MetadataStore(name, self.mgr.open_group(META_GROUP), NAMES, send,
                                    RaftConfig(election_tick=10), self.effects.extend,
-                                   forward=None)
+                                   forward=to_leader if forward else None)
         self.store.group.snapshot_interval = 4
         net[name] = self
 
@@ -87,11 +95,11 @@ def _declare(name: str) -> md.DeclareQueue:
                            arguments={"x-queue-type": "quorum"})
 
 
-async def _cluster(dirs: list[Path]) -> tuple[dict[str, Replica], set[str]]:
+async def _cluster(dirs: list[Path], forward: bool = False) -> tuple[dict[str, Replica], set[str]]:
     net: dict[str, Replica] = {}
     cut: set[str] = set()
     for name, d in zip(NAMES, dirs, strict=True):
-        Replica(name, d, net, cut)
+        Replica(name, d, net, cut, forward)
     net["a"].store.group.campaign()
     return net, cut
 
@@ -118,6 +126,37 @@ async def test_a_replica_installing_the_leaders_snapshot_gets_the_effects_it_jum
         # by the snapshot, not entry by entry: the effects are the diff's
         assert c.deleted() == ["gone"]
         assert sorted(c.declared()) == sorted(["kept", "gone"] + [f"new{i}" for i in range(10)])
+    finally:
+        for r in net.values():
+            r.close()
+
+
+async def test_a_forwarded_command_whose_entry_arrives_in_a_snapshot_still_gets_its_reply(
+        tmp_path: Path) -> None:
+    """c forwards a declaration to the leader while c's Raft traffic is cut;
+    the leader commits it and compacts past it, so c receives it inside the
+    leader's snapshot and computes no reply for it. The declaration runs
+    again (a declaration is idempotent) and the caller gets the reply, not
+    None (which the AMQP layer answered with 541)."""
+    net, cut = await _cluster([tmp_path / n for n in NAMES], forward=True)
+    try:
+        lead = await _leader(net, NAMES)
+        c = net["c"] if lead.name != "c" else net["b"]
+        await _until(lambda: c.store.group.leader is not None, net, "c knows the leader")
+        cut.add(c.name)
+        pending = asyncio.ensure_future(c.store.execute(_declare("fwd")))
+        await _until(lambda: ("/", "fwd") in lead.store.state.queues, net, "the leader applied it")
+        for i in range(10):
+            await lead.store.execute(_declare(f"more{i}"))
+        await _until(lambda: (lead.store.glog.snapshot_meta() or st.SnapshotMeta(0, 0, b"")).index
+                     > c.store.group.applied_index + 1, net, "the leader compacted past c")
+        assert not pending.done()
+        cut.clear()
+        await _until(pending.done, net, "the forwarded declaration returned")
+        reply = pending.result()
+        assert isinstance(reply, md.QueueDeclareOk), reply
+        assert reply.record.name == "fwd" and not reply.created  # the second run found it
+        assert ("/", "fwd") in c.store.state.queues
     finally:
         for r in net.values():
             r.close()
