@@ -56,6 +56,8 @@ lint: $(STAMP)
 		broker/runtime/msg_stats.py broker/runtime/transport.py broker/runtime/publish.py \
 		broker/runtime/cluster.py broker/runtime/dead_letter.py broker/runtime/declarations.py \
 		broker/runtime/definitions.py broker/runtime/mgmt_port.py broker/runtime/machine.py broker/runtime/raft_group.py \
+		broker/runtime/channel.py broker/runtime/amqp_server.py broker/runtime/membership.py \
+		broker/runtime/queues.py broker/runtime/classic.py broker/runtime/host_checks.py \
 		broker/runtime/registry.py broker/runtime/forwarding.py broker/runtime/commands.py
 	$(VENV)/bin/lint-imports
 

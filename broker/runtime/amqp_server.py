@@ -16,33 +16,72 @@ to be committed, until fewer than `LOW_WATER` remain (counted by the
 channels); "write" while its own output buffer is over the transport's
 high-water mark (a slow reader); and "alarm" while a resource alarm blocks it
 (runtime/alarms.py).
+
+The node is a `ServerNode` (below): what this module and its channels use of
+it, never runtime/node.py itself (runtime/host_checks.py proves `Node` fits).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, MutableSet
+from typing import Any, Protocol, cast
 
 from broker import metadata as md
 from broker.amqp import codec as acodec
 from broker.amqp import events as ev
-from broker.amqp.connection import ServerConnection
+from broker.amqp.connection import ServerConfig, ServerConnection
 
 from .alarms import blocked_reason
-from .channel import Channel, ChannelError, ConnectionError_
+from .channel import Channel, ChannelDeclarations, ChannelNode, ConnectionError_
+from .errors import ChannelError
 from .msg_stats import node_stats
 
-if TYPE_CHECKING:
-    from .node import Node
-
 log = logging.getLogger("broker.amqp")
+
+
+class ConnectionLimits(Protocol):
+    """The node's connection and channel limits (runtime/limits.py `ConnectionLimits`)."""
+
+    def node_refused(self) -> md.MetadataError | None: ...
+
+    def connection_refused(self, user: str, vhost: str) -> md.MetadataError | None: ...
+
+    def channel_refused(self, user: str) -> md.MetadataError | None: ...
+
+
+class ServerDeclarations(ChannelDeclarations, Protocol):
+    """A channel's declarations, and a closed connection's exclusive queues."""
+
+    def connection_closed(self, conn_id: str) -> None: ...
+
+
+class ServerNode(ChannelNode, Protocol):
+    """What a connection needs from its node (runtime/node.py `Node`, which
+    this module never imports): what its channels need, and the AMQP
+    settings, limits, resource alarms, the set of open connections and the
+    queues (the message counters, runtime/msg_stats.py `StatsHost`)."""
+
+    @property
+    def amqp_config(self) -> ServerConfig: ...
+    @property
+    def limits(self) -> ConnectionLimits: ...
+    @property
+    def declarations(self) -> ServerDeclarations: ...
+    #: resources with an alarm anywhere in the cluster (runtime/alarms.py)
+    @property
+    def alarm_resources(self) -> frozenset[str]: ...
+    @property
+    def connections(self) -> MutableSet[AmqpConnection]: ...
+    @property
+    def queues(self) -> Mapping[tuple[str, str], object]: ...
 
 
 class AmqpConnection(asyncio.Protocol):
     _ids = 0
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: ServerNode) -> None:
         AmqpConnection._ids += 1
         self.id = f"c{AmqpConnection._ids}"
         self.node = node
@@ -78,7 +117,7 @@ class AmqpConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------ asyncio hooks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream server's: reads and writes
         self.tls = transport.get_extra_info("ssl_object") is not None
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if peer else ""
@@ -122,27 +161,29 @@ class AmqpConnection(asyncio.Protocol):
             if event is ev.NEED_DATA or event is ev.CLOSED or event is ev.PAUSED:
                 break
             t = type(event)
-            ch_no = getattr(event, "channel", None)
             if t in (ev.Publish, ev.Ack, ev.Nack, ev.Reject, ev.MethodReceived):
                 if t is ev.Publish and self.node.alarm_resources and not self.alarm_blocked:
                     self._alarm_block()
-                ch = channels.get(ch_no)  # type: ignore[arg-type]
+                # each of these has `channel` (mypy does not narrow `t in (...)`:
+                # getattr, not a cast per frame)
+                ch = channels.get(getattr(event, "channel", 0))
                 if ch is not None:
                     ch.feed(event)
                 continue
             self._connection_event(event)
         self.flush()
 
-    def _connection_event(self, event: Any) -> None:
-        t = type(event)
+    def _connection_event(self, event: object) -> None:
+        """An event of the connection's own (not a channel's; never a sentinel).
+        Rare (login, open, channel open/close, heartbeats): isinstance narrows."""
         amqp = self.amqp
-        if t is ev.ConnectionStartOk:
+        if isinstance(event, ev.ConnectionStartOk):
             self._login(event)
-        elif t is ev.ConnectionTuneOk:
+        elif isinstance(event, ev.ConnectionTuneOk):
             if event.heartbeat and self._ticker is not None:
                 self._ticker.cancel()  # re-pace ticks for the negotiated heartbeat
                 self._schedule_tick()
-        elif t is ev.ConnectionOpen:
+        elif isinstance(event, ev.ConnectionOpen):
             state = self.node.meta.state
             # RabbitMQ checks the node's, the vhost's and the user's connection
             # limits before access.
@@ -154,19 +195,20 @@ class AmqpConnection(asyncio.Protocol):
             else:
                 self.vhost = event.virtual_host
                 self.write(amqp.accept_open())
-        elif t is ev.ChannelOpen:
+        elif isinstance(event, ev.ChannelOpen):
             self.channels[event.channel] = Channel(self, event.channel)
-        elif t in (ev.ChannelClose, ev.ChannelCloseOk):
+        elif isinstance(event, (ev.ChannelClose, ev.ChannelCloseOk)):
             ch = self.channels.pop(event.channel, None)
             if ch is not None:
                 ch.close()
-        elif t in (ev.ConnectionClose, ev.ConnectionCloseOk, ev.ConnectionTerminated, ev.ConnectionLost):
-            if t is ev.ConnectionTerminated and event.reply_code not in (200, 320):
+        elif isinstance(event, (ev.ConnectionClose, ev.ConnectionCloseOk, ev.ConnectionTerminated,
+                                ev.ConnectionLost)):
+            if isinstance(event, ev.ConnectionTerminated) and event.reply_code not in (200, 320):
                 log.info("connection %s (%s) closed: %s %s", self.id, self.peer, event.reply_code,
                          event.reply_text)
             self.write(amqp.data_to_send())
             self._close_channels()
-            if t is not ev.ConnectionTerminated or not event.close_sent:
+            if not isinstance(event, ev.ConnectionTerminated) or not event.close_sent:
                 self.flush()
                 if self.transport is not None:
                     self.transport.close()

@@ -9,7 +9,8 @@ the sake of file size. The rules with no I/O in them live in
 runtime/confirms.py (pure, transcript-tested); message counters in
 runtime/msg_stats.py; the socket, login, heartbeats and output buffering in
 runtime/amqp_server.py, which this module never imports: a channel reaches
-its connection through the `ChannelHost` protocol.
+its connection through the `ChannelHost` protocol, and its node through
+`ChannelNode` (runtime/node.py is never imported, not even for typing).
 
 Where it sits: the connection dispatches each channel's events (`feed`).
 Channels authorise (permissions in the metadata replica), call the metadata
@@ -35,18 +36,22 @@ import re
 import struct
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Coroutine
+from functools import partial
+from typing import Any, Literal, NoReturn, Protocol
 
 from pamqp import commands as C
+from pamqp.base import Frame
 
 from broker import metadata as md
 from broker import queue as qm
 from broker.amqp import codec as acodec
 from broker.amqp import events as ev
 from broker.amqp.connection import ServerConnection
+from broker.common.config import Config
+from broker.metadata.types import PermissionKind
 from broker.queue.config import amqp_type_name, consumer_timeout_ms
-from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId
+from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, MsgId
 
 from .confirms import (
     ACK,
@@ -67,9 +72,6 @@ from .msg_stats import MsgCounters, NodeStats
 from .publish import PublisherSession
 from .queues import Message, QueueProcess, QueueUid
 
-if TYPE_CHECKING:
-    from .node import Node
-
 log = logging.getLogger("broker.amqp")
 
 HIGH_WATER = 4000
@@ -87,7 +89,7 @@ class ConnectionError_(ChannelError):
     """A hard error: closes the whole connection."""
 
 
-def _raise_md(err: md.MetadataError, method: Any) -> None:
+def _raise_md(err: md.MetadataError, method: Frame) -> NoReturn:
     cls = ConnectionError_ if err.hard else ChannelError
     raise cls(err.code, err.text, method)
 
@@ -109,13 +111,13 @@ class Consumer:
         self.priority = priority
         # msg ids delivered and not yet settled: a new leader re-sends the
         # deliveries of everything checked out, and these are skipped.
-        self.outstanding: set[int] = set()
+        self.outstanding: set[MsgId] = set()
         # delivery acknowledgement timeout of this consumer's deliveries, ms
         self.timeout_ms = timeout_ms
         self.arguments = arguments or {}
         self.qstats = channel.nstats.queue(queue.uid)
 
-    def deliver(self, queue: QueueProcess, msg_id: int, msg: Message, count: int,
+    def deliver(self, queue: QueueProcess, msg_id: MsgId, msg: Message, count: int,
                 redelivered: bool) -> None:
         self.channel.deliver(self, msg_id, msg, count, redelivered)
 
@@ -123,12 +125,100 @@ class Consumer:
         self.channel.server_cancel(self)
 
 
+class _Metadata(Protocol):
+    """The node's metadata replica (runtime/metastore.py `MetadataStore`)."""
+
+    @property
+    def state(self) -> md.MetadataState: ...
+
+
+class ChannelQueues(Protocol):
+    """The node's queue records and processes (runtime/registry.py `Registry`)."""
+
+    def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None: ...
+
+    def live_queue(self, uid: QueueUid) -> QueueProcess | None: ...
+
+
+class ChannelCommands(Protocol):
+    """Queue commands (runtime/commands.py `Commands`)."""
+
+    # the reply: the queue machine's, which depends on the command
+    async def queue_command(self, q: QueueProcess, cmd: qm.Command) -> Any: ...
+
+    def queue_command_reliable(self, uid: QueueUid, cmd: qm.Command,
+                               on_applied: Callable[[], None] | None = None) -> None: ...
+
+    async def commands_settled(self, uid: QueueUid, timeout: float = 5.0) -> None: ...
+
+    def dequeued_message(self, q: QueueProcess, index: int) -> Message | None: ...
+
+    # payload: a queue entry (runtime/wire.py); the future's result, the machine's reply
+    def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> asyncio.Future[Any]: ...
+
+
+class ChannelDeclarations(Protocol):
+    """queue.declare/delete and auto-delete (runtime/declarations.py `Declarations`)."""
+
+    def server_queue_name(self) -> str: ...
+
+    async def declare_queue(self, vhost: str, name: str, *, durable: bool,
+                            exclusive_owner: str | None, auto_delete: bool,
+                            arguments: dict[str, Any], passive: bool,
+                            server_named: bool) -> md.Reply | None: ...
+
+    async def delete_queue(self, vhost: str, name: str, if_unused: bool, if_empty: bool,
+                           owner: str | None) -> tuple[md.Reply | None, int]: ...
+
+    async def maybe_auto_delete(self, q: QueueProcess) -> None: ...
+
+    def schedule_auto_delete_check(self, q: QueueProcess) -> None: ...
+
+
+class QueueCounts(Protocol):
+    """A queue's counts as its leader has them (runtime/membership.py `Membership`)."""
+
+    async def queue_overview(self, vhost: str, queue: str) -> dict[str, Any]: ...
+
+
+class ChannelNode(Protocol):
+    """What a channel needs from its node (runtime/node.py `Node`, which this
+    module never imports): identity, configuration, the metadata replica,
+    queue lookups and commands, declarations, and the event loop's timer.
+    Read-only, so the node may hold narrower types."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def incarnation(self) -> str: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def meta(self) -> _Metadata: ...
+    @property
+    def registry(self) -> ChannelQueues: ...
+    @property
+    def commands(self) -> ChannelCommands: ...
+    @property
+    def declarations(self) -> ChannelDeclarations: ...
+    @property
+    def membership(self) -> QueueCounts: ...
+
+    def queue(self, vhost: str, name: str) -> QueueProcess | None: ...
+
+    async def meta_execute(self, cmd: md.Command) -> md.Reply | None: ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> object: ...
+
+
 class ChannelHost(Protocol):
     """What a channel needs from its connection (runtime/amqp_server.py's
     `AmqpConnection`): identity, login, output, flow control and the sets
     of channels whose confirms or settles wait for the next flush."""
 
-    node: Node
+    @property
+    def node(self) -> ChannelNode: ...
+
     id: str
     amqp: ServerConnection
     user: str
@@ -183,7 +273,7 @@ class Channel:
         # The distinct timeouts of this channel's deliveries: with one, deadlines
         # grow with delivery tags and the oldest delivery is the first to expire.
         self.ack_timeouts: set[int] = set()
-        self._settles: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[int]]] = {}
+        self._settles: dict[tuple[QueueUid, ConsumerId], tuple[QueueProcess, list[MsgId]]] = {}
         self._consumer_seq = 0
         # publishing
         self.confirm = False
@@ -200,10 +290,14 @@ class Channel:
         self.tx_publishes: list[ev.Publish] = []
         # settlements of the open transaction, each with the delivery tags it
         # claimed when it arrived (checked then, applied at tx.commit)
-        self.tx_acks: list[tuple[Any, list[int]]] = []
+        self.tx_acks: list[tuple[ev.Ack | ev.Nack | ev.Reject, list[int]]] = []
         self.tx_claimed: set[int] = set()
 
     # ------------------------------------------------------------ dispatch
+    # `event` is one of the channel's events (ev.Publish, Ack, Nack, Reject,
+    # MethodReceived), typed Any: the hot path dispatches on its type object
+    # (`t is ev.Publish`), which mypy does not narrow, and a cast or isinstance
+    # per message only for the checker is not worth it.
     def feed(self, event: Any) -> None:
         if self.busy:
             self.backlog.append(event)
@@ -234,7 +328,7 @@ class Channel:
         except ChannelError as err:
             self.conn.channel_failed(self, err)
 
-    def _run_async(self, coro: Any) -> None:
+    def _run_async(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run an async method; the channel handles nothing else until it is done."""
         self.busy = True
         task = asyncio.ensure_future(coro)
@@ -254,11 +348,11 @@ class Channel:
             self._handle(self.backlog.popleft())
         self.conn.flush()
 
-    def send(self, method: Any) -> None:
+    def send(self, method: Frame) -> None:
         self.conn.write(self.conn.amqp.send_method(self.number, method))
 
     # ------------------------------------------------------------ methods
-    def method(self, m: Any) -> None:
+    def method(self, m: Frame) -> None:
         handler = _METHODS.get(type(m))
         if handler is None:
             raise ConnectionError_(540, f"method {m.name} is not implemented", m)
@@ -270,15 +364,15 @@ class Channel:
     def _vhost(self) -> str:
         return self.conn.vhost
 
-    def _check(self, kind: str, rtype: str, name: str, method: Any) -> None:
+    def _check(self, kind: PermissionKind, rtype: Literal["queue", "exchange"], name: str,
+               method: Frame) -> None:
         if rtype == "exchange" and not name:
             name = "amq.default"  # RabbitMQ authorises the default exchange under this name
-        err = md.check(self.node.meta.state, self._user(), self._vhost(), kind,  # type: ignore[arg-type]
-                       md.Resource(rtype, name))  # type: ignore[arg-type]
+        err = md.check(self.node.meta.state, self._user(), self._vhost(), kind, md.Resource(rtype, name))
         if err is not None:
             _raise_md(err, method)
 
-    def _queue_name(self, name: str, method: Any) -> str:
+    def _queue_name(self, name: str, method: Frame) -> str:
         """'' means the channel's last declared queue, as RabbitMQ does."""
         if name:
             return name
@@ -304,7 +398,7 @@ class Channel:
         cmd = md.DeleteExchange(md.VhostName(self._vhost()), md.ExchangeName(m.exchange), bool(m.if_unused))
         self._meta_call(cmd, m, None if m.nowait else C.Exchange.DeleteOk())
 
-    def exchange_bind(self, m: C.Exchange.Bind, unbind: bool = False) -> None:
+    def exchange_bind(self, m: C.Exchange.Bind | C.Exchange.Unbind, unbind: bool = False) -> None:
         self._check("write", "exchange", m.destination, m)
         self._check("read", "exchange", m.source, m)
         cls = md.Unbind if unbind else md.Bind
@@ -314,7 +408,7 @@ class Channel:
         self._meta_call(cmd, m, None if m.nowait else ok)
 
     def exchange_unbind(self, m: C.Exchange.Unbind) -> None:
-        self.exchange_bind(m, unbind=True)  # type: ignore[arg-type]
+        self.exchange_bind(m, unbind=True)
 
     # queue.*
     def queue_declare(self, m: C.Queue.Declare) -> None:
@@ -337,6 +431,8 @@ class Channel:
             server_named=server_named)
         if isinstance(reply, md.MetadataError):
             _raise_md(reply, m)
+        if not isinstance(reply, md.QueueDeclareOk):  # the machine answers a declare with these two
+            raise TypeError(f"queue.declare: unexpected metadata reply {reply!r}")  # internal error (541)
         record = reply.record
         if record.exclusive_owner is not None and record.exclusive_owner != self.conn.id:
             raise ChannelError(405, f"cannot obtain exclusive access to locked queue '{name}' in vhost "
@@ -358,7 +454,7 @@ class Channel:
             consumers = ov.get("consumers", len(q.consumers) if q is not None else 0)
             self.send(_declare_ok(name, ov["messages_ready"], consumers))
 
-    def queue_bind(self, m: C.Queue.Bind, unbind: bool = False) -> None:
+    def queue_bind(self, m: C.Queue.Bind | C.Queue.Unbind, unbind: bool = False) -> None:
         qname = self._queue_name(m.queue, m)
         self._check("write", "queue", qname, m)
         self._check("read", "exchange", m.exchange, m)
@@ -369,7 +465,7 @@ class Channel:
         self._meta_call(cmd, m, None if getattr(m, "nowait", False) else ok)
 
     def queue_unbind(self, m: C.Queue.Unbind) -> None:
-        self.queue_bind(m, unbind=True)  # type: ignore[arg-type]
+        self.queue_bind(m, unbind=True)
 
     def queue_purge(self, m: C.Queue.Purge) -> None:
         qname = self._queue_name(m.queue, m)
@@ -402,7 +498,7 @@ class Channel:
         if not m.nowait:
             self.send(C.Queue.DeleteOk(message_count=count))
 
-    def _meta_call(self, cmd: Any, m: Any, ok: Any) -> None:
+    def _meta_call(self, cmd: md.Command, m: Frame, ok: Frame | None) -> None:
         async def run() -> None:
             reply = await self.node.meta_execute(cmd)
             if isinstance(reply, md.MetadataError):
@@ -411,7 +507,7 @@ class Channel:
                 self.send(ok)
         self._run_async(run())
 
-    def _local_queue(self, name: str, m: Any) -> QueueProcess:
+    def _local_queue(self, name: str, m: Frame) -> QueueProcess:
         q = self.node.queue(self._vhost(), name)
         if q is None:
             raise ChannelError(404, f"no queue '{name}' in vhost '{self._vhost()}'", m)
@@ -506,7 +602,7 @@ class Channel:
         await self.node.commands.queue_command(q, qm.Checkout(c.cid, prefetch, priority))
 
     def basic_cancel(self, m: C.Basic.Cancel) -> None:
-        c = self.consumers.pop(m.consumer_tag, None)
+        c = self.consumers.pop(m.consumer_tag or "", None)  # decoded frames carry a str
         if c is not None:
             c.queue.remove_consumer(c.cid)
             self._run_async(self._cancel(c, m))
@@ -573,7 +669,7 @@ class Channel:
         else:
             self.send(C.Basic.GetEmpty())
 
-    def basic_recover(self, m: Any) -> None:
+    def basic_recover(self, m: C.Basic.Recover) -> None:
         # RabbitMQ supports only requeue=true (unacked messages go back to their
         # queues); requeue=false is a 540 connection error, for recover-async too.
         if not m.requeue:
@@ -581,7 +677,7 @@ class Channel:
         self._return_all_unacked()
         self.send(C.Basic.RecoverOk())
 
-    def basic_recover_async(self, m: Any) -> None:
+    def basic_recover_async(self, m: C.Basic.RecoverAsync) -> None:
         if not m.requeue:
             raise ConnectionError_(540, "requeue=false", m)
         self._return_all_unacked()
@@ -591,8 +687,7 @@ class Channel:
         self.unacked.clear()
         for (uid, cid), ids in groups.items():
             self.node.commands.queue_command_reliable(
-                uid, qm.Return(cid, tuple(ids)),
-                lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
+                uid, qm.Return(cid, tuple(ids)), partial(self._forget_outstanding, cid, ids))
 
     def confirm_select(self, m: C.Confirm.Select) -> None:
         if self.tx:
@@ -618,7 +713,7 @@ class Channel:
             futures.extend(self.publish(p, collect=True))
         for a, tags in acks:
             taken = take_tags(self.unacked, tags)
-            if type(a) is ev.Ack:
+            if isinstance(a, ev.Ack):
                 self._acked(taken)
             else:
                 self._nacked(taken, a.requeue)
@@ -636,7 +731,7 @@ class Channel:
         self.tx_claimed = set()
         self.send(C.Tx.RollbackOk())
 
-    def _tx_settle(self, event: Any, method: Any) -> None:
+    def _tx_settle(self, event: ev.Ack | ev.Nack | ev.Reject, method: Frame) -> None:
         """A basic.ack/nack/reject inside a transaction: its tags are checked
         now (an unknown one closes the channel, nothing of the transaction
         applied, as RabbitMQ does) and settled at tx.commit."""
@@ -704,10 +799,11 @@ class Channel:
                 session = self.sessions.get(uid)
                 if session is None:
                     session = self.sessions[uid] = PublisherSession(
-                        self.ref, lambda payload, uid=uid: node.commands.submit_enqueue(uid, payload),
+                        self.ref, partial(node.commands.submit_enqueue, uid),
                         node.call_later, f"{self.ref}->{q.name}")
+                # `pending` is bound once per publish, before this loop
                 session.publish(len(p.body), priority, expiration, props, p.body, p.exchange,
-                                p.routing_key, lambda ok, pending=pending: self._published(pending, ok))
+                                p.routing_key, lambda ok: self._published(pending, ok))
                 continue
             # No confirms: untracked (no de-duplication), nothing to report.
             try:
@@ -768,7 +864,7 @@ class Channel:
                 conn.write(amqp.send_nack(self.number, seq, multiple))
 
     # ------------------------------------------------------------ deliveries
-    def deliver(self, c: Consumer, msg_id: int, msg: Message, count: int, redelivered: bool) -> None:
+    def deliver(self, c: Consumer, msg_id: MsgId, msg: Message, count: int, redelivered: bool) -> None:
         if self.closed or msg_id in c.outstanding:
             return
         tag = self.next_tag
@@ -800,7 +896,7 @@ class Channel:
         conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, msg[1]))
         conn.schedule_flush()
 
-    def _settle_later(self, q: QueueProcess, cid: ConsumerId, msg_id: int) -> None:
+    def _settle_later(self, q: QueueProcess, cid: ConsumerId, msg_id: MsgId) -> None:
         key = (q.uid, cid)
         entry = self._settles.get(key)
         if entry is None:
@@ -815,10 +911,9 @@ class Channel:
         settles, self._settles = self._settles, {}
         for (uid, cid), (_q, ids) in settles.items():
             self.node.commands.queue_command_reliable(
-                uid, qm.Settle(cid, tuple(ids)),
-                lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
+                uid, qm.Settle(cid, tuple(ids)), partial(self._forget_outstanding, cid, ids))
 
-    def _forget_outstanding(self, cid: ConsumerId, ids: list[int]) -> None:
+    def _forget_outstanding(self, cid: ConsumerId, ids: list[MsgId]) -> None:
         c = self.consumers.get(cid.tag)
         if c is not None and c.cid == cid:
             c.outstanding.difference_update(ids)
@@ -829,7 +924,7 @@ class Channel:
             raise ChannelError(406, unknown_tag_text(tag), _ACK)
         self._acked(taken)
 
-    def _acked(self, taken: list[Any]) -> None:
+    def _acked(self, taken: list[Unacked]) -> None:
         self.stats.ack += len(taken)
         self.totals.ack += len(taken)
         nstats = self.nstats
@@ -837,7 +932,7 @@ class Channel:
             nstats.queue(q.uid).ack += 1
             self._settle_later(q, cid, msg_id)
 
-    def nack(self, tag: int, multiple: bool, requeue: bool, method: Any = None) -> None:
+    def nack(self, tag: int, multiple: bool, requeue: bool, method: Frame | None = None) -> None:
         """basic.nack, or basic.reject (`method` _REJECT: a refusal names the
         method the client sent, as RabbitMQ's does)."""
         taken = take_acked(self.unacked, tag, multiple)
@@ -845,11 +940,11 @@ class Channel:
             raise ChannelError(406, unknown_tag_text(tag), method or _NACK)
         self._nacked(taken, requeue)
 
-    def _nacked(self, taken: list[Any], requeue: bool) -> None:
+    def _nacked(self, taken: list[Unacked], requeue: bool) -> None:
         for (uid, cid), ids in group_by_consumer(taken).items():
             cmd = qm.Return(cid, tuple(ids)) if requeue else qm.Discard(cid, tuple(ids))
             self.node.commands.queue_command_reliable(
-                uid, cmd, lambda cid=cid, ids=ids: self._forget_outstanding(cid, ids))
+                uid, cmd, partial(self._forget_outstanding, cid, ids))
 
     # ------------------------------------------------------------ management views
     @property
@@ -922,9 +1017,9 @@ class Channel:
                 (tag, tuple(sorted(ids))) for tag, ids in sorted(per_tag.items())))
             # Reliable: until applied, the channel's messages stay checked out.
             self.node.commands.queue_command_reliable(uid, down)
-            q = self.node.registry.live_queue(uid)
-            if q is not None:
-                self.node.declarations.schedule_auto_delete_check(q)
+            live = self.node.registry.live_queue(uid)
+            if live is not None:
+                self.node.declarations.schedule_auto_delete_check(live)
         self.touched.clear()
         self.unacked.clear()
 
@@ -952,7 +1047,7 @@ def _expiration(text: str) -> int:
     raise ChannelError(406, prefix + flat, _PUBLISH)
 
 
-Unacked = tuple[QueueProcess, ConsumerId, int, float, int]
+Unacked = tuple[QueueProcess, ConsumerId, MsgId, float, int]
 
 
 class _AnyNameDeclareOk(C.Queue.DeclareOk):
@@ -974,7 +1069,8 @@ _ACK = C.Basic.Ack()
 _NACK = C.Basic.Nack()
 _REJECT = C.Basic.Reject()
 
-_METHODS: dict[type, Callable[[Channel, Any], None]] = {
+# Each handler takes its own method class: the table is typed by what dispatch knows.
+_METHODS: dict[type[Frame], Callable[[Channel, Any], None]] = {
     C.Exchange.Declare: Channel.exchange_declare,
     C.Exchange.Delete: Channel.exchange_delete,
     C.Exchange.Bind: Channel.exchange_bind,

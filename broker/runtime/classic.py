@@ -46,7 +46,7 @@ from broker import storage as st
 from broker.common.packing import packb
 from broker.queue import effects as qe
 from broker.queue.machine import SIZE_MASK, rec_index
-from broker.queue.types import DEQUEUE_TAG, ChannelRef, Meta
+from broker.queue.types import DEQUEUE_TAG, ChannelRef, Meta, MsgId
 
 from . import wire
 from .errors import QueueGone
@@ -382,7 +382,7 @@ class DurableClassicQueue(QueueProcess):
         for cid, c in list(st_.consumers.items()):
             if not c.checked or cid.tag == DEQUEUE_TAG or cid.channel.split("|", 1)[0] == self.host.node_name:
                 continue
-            deliveries = tuple((msg_id, rec_index(r), st_.extra.get(rec_index(r), (0, 0))[0], True)
+            deliveries = tuple((MsgId(msg_id), rec_index(r), st_.extra.get(rec_index(r), (0, 0))[0], True)
                                for msg_id, r in c.checked.items())
             try:
                 self._deliver(qe.Deliver(cid, deliveries))

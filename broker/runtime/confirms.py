@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from broker.queue.types import ConsumerId
+from broker.queue.types import ConsumerId, MsgId
 
 #: The kinds of a confirm frame: basic.ack or basic.nack.
 ACK = "ack"
@@ -157,11 +157,11 @@ class _Queue(Protocol):
 
 
 def group_by_consumer(
-        entries: Iterable[tuple[_Queue, ConsumerId, int, Any, Any]],
-) -> dict[tuple[tuple[str, str, int], ConsumerId], list[int]]:
+        entries: Iterable[tuple[_Queue, ConsumerId, MsgId, Any, Any]],
+) -> dict[tuple[tuple[str, str, int], ConsumerId], list[MsgId]]:
     """Unacked entries (queue, consumer, msg id, ...) grouped into one list of
     msg ids per (queue uid, consumer), groups and ids in the entries' order."""
-    groups: dict[tuple[tuple[str, str, int], ConsumerId], list[int]] = {}
+    groups: dict[tuple[tuple[str, str, int], ConsumerId], list[MsgId]] = {}
     for q, cid, msg_id, _, _ in entries:
         key = (q.uid, cid)
         ids = groups.get(key)

@@ -168,6 +168,8 @@ class Forwarding:
         if q is None or isinstance(q, RemoteQueue) or not q.is_leader:
             raise NotLeaderHere()
         if payload and payload[0] == "M":  # membership control, see membership.control
+            if not isinstance(q, QuorumQueue):  # membership checks the queue's type first
+                raise RuntimeError(f"queue '{name}' in vhost '{vhost}' is not a quorum queue")
             result = membership_control(q, payload, self.host.unreachable)
             if isinstance(result, asyncio.Future):
                 return result

@@ -10,22 +10,26 @@ change commits, which makes the joining node start (or the leaving node stop)
 its local member.
 
 Every refusal raises `MembershipError(status, reason)` with an HTTP status.
+The node is a `MembershipHost` (below), never runtime/node.py itself.
 """
 from __future__ import annotations
 
 import asyncio
 import re
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import metadata as md
 
 from .errors import Refused
 
 if TYPE_CHECKING:
-    from .node import Node
+    from broker.raft import RaftNode
+
+    from .queues import QueueProcess, QuorumQueue
+    from .raft_group import RaftGroup
 
 Progress = Callable[[dict[str, Any]], None] | None
 PROMOTION_TIMEOUT_S = 60.0
@@ -45,7 +49,7 @@ class RaftConfigReport:
         return self.voters | self.learners
 
     @classmethod
-    def read(cls, raft: Any) -> RaftConfigReport:
+    def read(cls, raft: RaftNode) -> RaftConfigReport:
         c = raft.config
         return cls(frozenset(map(str, c.voters)), frozenset(map(str, c.learners)), raft.config_index)
 
@@ -53,7 +57,7 @@ class RaftConfigReport:
         return {"voters": sorted(self.voters), "learners": sorted(self.learners), "index": self.index}
 
     @classmethod
-    def of(cls, raw: Any) -> RaftConfigReport:
+    def of(cls, raw: Any) -> RaftConfigReport:  # raw: msgpack-decoded (a peer's answer)
         if not isinstance(raw, dict) or not {"voters", "learners", "index"} <= raw.keys():
             raise MembershipError(503, f"unexpected answer from the queue's leader: {raw!r}")
         return cls(frozenset(raw["voters"]), frozenset(raw["learners"]), int(raw["index"]))
@@ -70,8 +74,51 @@ def _quorum(n: int) -> int:
     return n // 2 + 1
 
 
+class _Metadata(Protocol):
+    """The metadata replica and its Raft group (runtime/metastore.py `MetadataStore`)."""
+
+    @property
+    def state(self) -> md.MetadataState: ...
+    @property
+    def group(self) -> RaftGroup: ...
+
+
+class _Records(Protocol):
+    """The node's queue records (runtime/registry.py `Registry`)."""
+
+    def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None: ...
+
+
+class MembershipHost(Protocol):
+    """What membership operations need from the node (runtime/node.py
+    `Node`, which this module never imports): the cluster's nodes and which
+    are connected, the metadata, and where a queue's commands go."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def meta(self) -> _Metadata: ...
+    @property
+    def registry(self) -> _Records: ...
+
+    def cluster_nodes(self) -> Collection[str]: ...
+
+    def peer_connected(self, node: str) -> bool: ...
+
+    def queue(self, vhost: str, name: str) -> QueueProcess | None: ...
+
+    def queue_leader(self, vhost: str, name: str) -> str | None: ...
+
+    # payload: a membership control payload (`control`); the future's result, its answer
+    def submit_as_leader(self, vhost: str, name: str, payload: Any) -> Awaitable[Any]: ...
+
+    def forward(self, leader: str, vhost: str, name: str, payload: Any) -> Awaitable[Any]: ...
+
+    async def meta_execute(self, cmd: md.Command) -> md.Reply | None: ...
+
+
 class Membership:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: MembershipHost) -> None:
         self.node = node
 
     # ------------------------------------------------------------ helpers
@@ -84,12 +131,10 @@ class Membership:
         return r
 
     def _cluster_nodes(self) -> list[str]:
-        c = self.node.cluster
-        return list(c.members) if c is not None else [self.node.node_name]
+        return list(self.node.cluster_nodes())
 
     def _online(self, name: str) -> bool:
-        c = self.node.cluster
-        return name == self.node.node_name or (c is not None and c.transport.is_connected(name))
+        return name == self.node.node_name or self.node.peer_connected(name)
 
     async def _leader_call(self, vhost: str, queue: str, payload: list[Any], timeout: float = 30.0) -> Any:
         """Run a control payload on the queue's leader (here or forwarded)."""
@@ -244,6 +289,7 @@ class Membership:
                     progress: Progress) -> list[dict[str, Any]]:
         results = []
         for i, r in enumerate(records, 1):
+            item: dict[str, Any]  # JSON-shaped (the management API's answer)
             try:
                 await op(r)
                 item = {"vhost": r.vhost, "name": r.name, "result": "ok"}
@@ -414,7 +460,7 @@ class Membership:
                                            f"{exc}") from None
         key = (md.VhostName("/"), CLUSTER_NODES, node_name)
         if key in self.node.meta.state.parameters:
-            await self.node.meta.execute(md.ClearParameter(md.VhostName("/"), CLUSTER_NODES, node_name))
+            await self.node.meta_execute(md.ClearParameter(md.VhostName("/"), CLUSTER_NODES, node_name))
 
     # ------------------------------------------------------------ status
     async def quorum_status(self, vhost: str, queue: str) -> list[dict[str, Any]]:
@@ -444,9 +490,10 @@ class Membership:
         return result if isinstance(result, dict) else {}
 
 
-def control(q: Any, payload: list[Any], unreachable: Collection[str] = ()) -> Any:
-    """Run a membership control payload on the leader's queue process; the
-    result is msgpack-friendly. Called by Node.submit_as_leader.
+def control(q: QuorumQueue, payload: list[Any], unreachable: Collection[str] = ()) -> object:
+    """Run a membership control payload (msgpack-decoded) on the leader's
+    queue process; the result is msgpack-friendly, a `Refused`, or a future of
+    one. Called by Forwarding.submit_as_leader.
     `unreachable`: the nodes this node's failure detector holds down (a
     quiet leader's `recent_active` flags are as old as its last heartbeat)."""
     from broker.raft import (
@@ -485,11 +532,11 @@ def control(q: Any, payload: list[Any], unreachable: Collection[str] = ()) -> An
         return q.overview()
     try:
         if op == "transfer":
-            pr = g.node.progress.get(payload[2])
-            if pr is not None and pr.recent_active and pr.match < g.node.commit_index:
+            target = g.node.progress.get(payload[2])
+            if target is not None and target.recent_active and target.match < g.node.commit_index:
                 # The core refuses a target behind the commit; one that answers
                 # is only catching up (an entry in flight): transient, retried.
-                raise RuntimeError(f"{payload[2]} is catching up (match {pr.match} < commit "
+                raise RuntimeError(f"{payload[2]} is catching up (match {target.match} < commit "
                                    f"{g.node.commit_index})")
             g.node.transfer_leadership(payload[2])
             g._kick()
@@ -508,8 +555,8 @@ def control(q: Any, payload: list[Any], unreachable: Collection[str] = ()) -> An
             return
         if f.cancelled():
             out.set_exception(RuntimeError("the change was cancelled"))
-        elif f.exception() is not None:
-            out.set_exception(f.exception())  # type: ignore[arg-type]
+        elif (exc := f.exception()) is not None:
+            out.set_exception(exc)
         else:
             out.set_result(RaftConfigReport.read(g.node).wire())
     applied.add_done_callback(done)

@@ -28,11 +28,11 @@ from broker import queue as qm
 from broker import storage as st
 from broker.queue import effects as qe
 from broker.queue.machine import rec_index
-from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta
+from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta, MsgId
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
 from . import wire
-from .dead_letter import DlxWorker
+from .dead_letter import DlxHost, DlxWorker
 from .machine import Cursor, MachineSnapshot
 from .raft_group import RaftGroup
 
@@ -51,8 +51,9 @@ DELIVERY_BATCH_BYTES = 16 * 1024 * 1024
 QueueUid = tuple[str, str, int]
 
 
-class Host(Protocol):
-    """What a queue needs from its node."""
+class Host(DlxHost, Protocol):
+    """What a queue needs from its node (and hands on to its dead-letter
+    worker, runtime/dead_letter.py `DlxHost`)."""
 
     node_name: str
     incarnation: str
@@ -194,6 +195,9 @@ class QueueProcess:
     # ---------------------------------------------------------------- effects
     def _run_effects(self, effects: list[qe.Effect]) -> None:
         leader = self.is_leader
+        # Dispatch on the type object (the hot path: one type() per effect).
+        # mypy does not narrow `eff` through `t is X`, hence the ignores below;
+        # each branch handles exactly the effect class it tests for.
         for eff in effects:
             t = type(eff)
             if t is qe.Deliver:
@@ -270,7 +274,7 @@ class QueueProcess:
         for msg_id, index, count, redelivered in deliveries:
             body = bodies.get(index)
             msg = tuple(body) if body is not None else self.message(index)
-            consumer.deliver(self, msg_id, msg, count, redelivered)  # type: ignore[arg-type]
+            consumer.deliver(self, msg_id, msg, count, redelivered)
 
     def _dead_letter(self, eff: qe.DeadLetter) -> None:
         if self._replaying:
@@ -475,11 +479,11 @@ class QuorumQueue(QueueProcess):
                 continue
             if node is not None and cid.channel.split("|", 1)[0] != node:
                 continue
-            deliveries = []
+            deliveries: list[qe.Delivery] = []
             for msg_id, record in c.checked.items():
                 index = rec_index(record)
                 count = st_.extra.get(index, (0, 0))[0]
-                deliveries.append((msg_id, index, count, True))
+                deliveries.append((MsgId(msg_id), index, count, True))
             self._deliver(qe.Deliver(cid, tuple(deliveries)))
 
     def _read_message(self, index: int) -> Message:
@@ -554,7 +558,7 @@ class QuorumQueue(QueueProcess):
     def restore(self, data: bytes, installed: bool) -> None:
         doc = wire.unpack(data)
         self.state = qm.restore(doc["state"])
-        self._snap_bodies = {int(i): tuple(m) for i, m in doc["bodies"].items()}  # type: ignore[misc]
+        self._snap_bodies = {int(i): tuple(m) for i, m in doc["bodies"].items()}
 
     def snapshot_for_follower(self, data: bytes, snap_index: int) -> bytes:
         """Every live body below the snapshot index goes along: the follower's
@@ -581,7 +585,7 @@ class QuorumQueue(QueueProcess):
         want = (self.is_leader and not self.deleted and cfg.at_least_once
                 and cfg.dead_letter_exchange is not None)
         if want and self._dlx is None:
-            self._dlx = DlxWorker(self.host, self, self.command)  # type: ignore[arg-type]
+            self._dlx = DlxWorker(self.host, self, self.command)
             self._dlx.attach()
         elif not want and self._dlx is not None:
             self._dlx.stop()
@@ -627,7 +631,7 @@ class QuorumQueue(QueueProcess):
             self._set_timer(0)
         self.host.leader_elected(self.vhost, self.name, self.group.node.term)
 
-    def gone_channels(self) -> list[str]:
+    def gone_channels(self) -> list[ChannelRef]:
         """Channels of consumers or tracked publishers that are gone for good."""
         channels = {cid.channel for cid in self.state.consumers} | set(self.state.publishers)
         return sorted(ch for ch in channels if self.host.channel_gone(ch))
