@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .membership import MembershipHost
     from .msg_stats import StatsHost
     from .node import Node
+    from .peer_events import PeerEventsHost
     from .queues import Host as QueueHost
     from .registry import RegistryHost
 
@@ -68,4 +69,7 @@ if TYPE_CHECKING:
         return node
 
     def _stats(node: Node) -> StatsHost:
+        return node
+
+    def _peer_events(node: Node) -> PeerEventsHost:
         return node

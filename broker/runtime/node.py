@@ -6,12 +6,13 @@ the metadata group and every local queue member it lists, starts the Raft
 tick timer and the AMQP listener.
 
 What it owns: start/stop, TLS, the tick timer, routing of storage callbacks,
-housekeeping and alarm wiring, joining and peer-down handling, the node-local
+housekeeping and alarm wiring, joining, the node-local
 views peers ask for (`serve_call`), the process entry (`main`, `_serve`).
 Its jobs live in collaborators, each behind a small host Protocol the node
 satisfies: `registry` (queue processes, metadata effects: registry.py),
 `forwarding` (where commands go, the drain of forwarded publishes:
 forwarding.py), `commands` (queue commands, dead lettering: commands.py),
+`peer_events` (a peer's connection broke or is new: peer_events.py),
 `declarations`, `liveness`, `quiescence`, `membership`, `limits`, `alarms`.
 Its remaining queue-facing methods are one-line delegates that those
 protocols (the queues' `Host`, `ClusterHost`, ...) name.
@@ -22,9 +23,8 @@ which consumers belong to a previous life of a node and return their
 messages (see QuorumQueue._leader_housekeeping).
 
 Why still this size: it is the wiring (start, stop, TLS, ticker, housekeeping,
-alarms) plus three jobs not yet moved out (node-local views and `serve_call`,
-joining, peer-down handling); docs/ARCHITECTURE.md lists them as issue 14's
-remaining split.
+alarms) plus two jobs not yet moved out (node-local views and `serve_call`,
+joining); docs/ARCHITECTURE.md lists them as issue 14's remaining split.
 """
 from __future__ import annotations
 
@@ -33,11 +33,9 @@ import asyncio
 import gc
 import logging
 import os
-import random
 import signal
 import sys
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +60,7 @@ from .limits import ConnectionLimits
 from .liveness import Liveness
 from .membership import Membership
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
+from .peer_events import PeerEvents
 from .queues import Message, QueueProcess, QueueUid, QuorumQueue
 from .quiesce import PASS_TICKS, Quiescence
 from .registry import Registry
@@ -115,6 +114,8 @@ class Node:
         self.cluster: Cluster | None = None
         self._join_in_progress: dict[str, bool] = {}
         self._join_task: asyncio.Task[None] | None = None
+        #: what a broken or new connection to a peer sets off (runtime/peer_events.py)
+        self.peer_events = PeerEvents(self)
         self.membership = Membership(self)
         self.liveness = Liveness(self.node_name, None, self._known_nodes, self._local_channel_open)
         self.declarations = Declarations(self)
@@ -168,8 +169,8 @@ class Node:
                 joining = fresh
             else:
                 members = sorted(initial)
-            self.cluster.on_peer_down = self._peer_down
-            self.cluster.on_reconnect = self._peer_reconnected
+            self.cluster.on_peer_down = self.peer_events.down
+            self.cluster.on_reconnect = self.peer_events.reconnected
             await self.cluster.start()
         self.meta = MetadataStore(
             self.node_name, meta_glog,
@@ -540,45 +541,6 @@ class Node:
         if self.cluster is not None and name != self.node_name:
             host, _, port = addr.rpartition(":")
             self.cluster.add_peer(name, host, int(port))
-
-    def _peer_down(self, peer: str) -> None:
-        """The connection to `peer` broke (a killed node's sockets close at
-        once): groups it led start a (pre-)election after a short random delay
-        instead of waiting for a full election timeout. Pre-vote keeps this
-        harmless when the leader is in fact alive. One follower per group
-        campaigns at once, the same on every node (a hash of the group over
-        its remaining voters, so the new leaders spread over the nodes): when
-        every follower of thousands of groups campaigned together, most
-        groups split their votes and waited a timeout to try again."""
-        assert self._loop is not None
-        self.quiescence.leader_lost(peer)
-        me = self.node_name
-        for g in list(self.registry.groups.values()):
-            if g.leader == peer and not g.is_leader and g.node.promotable:
-                # Every follower sees the same broken connection: all of them
-                # give up the lease, so a pre-vote can win at once (the
-                # others campaign at their next timeout if it does not).
-                g.node.leader_unreachable()
-                voters = sorted(str(v) for v in g.node.config.voters if str(v) != peer)
-                if voters and voters[zlib.crc32(g.group_id.encode()) % len(voters)] == me:
-                    self._loop.call_later(random.uniform(0.05, 0.3), self._campaign_if_leader_is, g, peer)
-
-    def _peer_reconnected(self, peer: str) -> None:
-        """A new connection from `peer`: deliveries this node's leaders sent to
-        consumers there may have been lost with the old one; send them again
-        (the channels skip what they already hold). Quiet groups shared with
-        it wake up (runtime/quiesce.py)."""
-        self.quiescence.peer_back(peer)
-        for q in list(self.queues.values()):
-            if isinstance(q, QuorumQueue) and q.is_leader and not q.deleted:
-                q.redeliver_checked_out(peer)
-        if self.cluster is not None:  # the peer may have missed our alarm changes
-            self.cluster.send_to(peer, pw.AlarmState(sorted(self.alarms.local)))
-
-    def _campaign_if_leader_is(self, g: Any, peer: str) -> None:
-        if g.stopped is None and g.leader == peer and not g.is_leader and \
-                self.cluster is not None and not self.cluster.transport.is_connected(peer):
-            g.campaign()
 
     def channel_gone(self, channel: str) -> bool:
         return self.liveness.channel_gone(channel)

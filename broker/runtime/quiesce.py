@@ -22,12 +22,12 @@ How (one pass every `PASS_TICKS` ticks, from the node's ticker):
   `SUSPECT_S`, is *unreachable*. A quiet follower whose leader is
   unreachable wakes (and then elects a new leader after its election
   timeout, pre-vote included, as before); a broken connection also gives up
-  the leader's lease at once (`Node._peer_down`). A leader does not wait for
+  the leader's lease at once (`PeerEvents.down`). A leader does not wait for
   unreachable followers to go quiet, and wakes the groups shared with a peer
   that comes back, so it catches that peer up. A quiet leader that no
   longer reaches a quorum of voters wakes too, so that check-quorum steps it
   down (else it would believe it leads for ever: quorum status, metrics,
-  and the stale state `Node._peer_reconnected` redelivers from).
+  and the stale state `PeerEvents.reconnected` redelivers from).
 - Keepalive: every `KEEPALIVE_PASSES` passes a node tells each peer which
   groups it still leads quietly with that peer as a member
   (`peer_wire.StillQuiet`, one list per peer, after the pass's `Quiesce`

@@ -397,7 +397,7 @@ def _with_quiescence(net: Net) -> Callable[[], None]:
 async def test_a_quiet_leader_cut_off_from_its_quorum_steps_down(tmp_path: Path) -> None:
     """Review of quiescence: a quiet leader whose followers both became
     unreachable used to stay quiet, so check-quorum never ran and it
-    believed it led for ever (30 s here; in a node, `_peer_reconnected`
+    believed it led for ever (30 s here; in a node, `PeerEvents.reconnected`
     then redelivers checked-out messages from its stale state, messages
     the new leader may have had acked since). It wakes, and steps down."""
     names = ["a", "b", "c"]
