@@ -205,7 +205,7 @@ class Cluster:
         self.transport.send(peer, pw.encode(msg))
 
     def send_join(self, host: str, port: int) -> None:
-        """Ask every seed to let this node into the cluster (see Node.handle_join)."""
+        """Ask every seed to let this node into the cluster (see Joining.handle_join)."""
         for peer in self.peers:
             self.transport.send(peer, pw.encode(pw.Join(self.name, host, port)))
 

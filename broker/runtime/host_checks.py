@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .declarations import DeclarationsHost
     from .definitions import DefinitionsHost
     from .forwarding import ForwardingHost
+    from .joining import JoiningHost
     from .limits import LimitsHost
     from .membership import MembershipHost
     from .msg_stats import StatsHost
@@ -72,4 +73,7 @@ if TYPE_CHECKING:
         return node
 
     def _peer_events(node: Node) -> PeerEventsHost:
+        return node
+
+    def _joining(node: Node) -> JoiningHost:
         return node

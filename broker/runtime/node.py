@@ -6,13 +6,14 @@ the metadata group and every local queue member it lists, starts the Raft
 tick timer and the AMQP listener.
 
 What it owns: start/stop, TLS, the tick timer, routing of storage callbacks,
-housekeeping and alarm wiring, joining, the node-local
+housekeeping and alarm wiring, the node-local
 views peers ask for (`serve_call`), the process entry (`main`, `_serve`).
 Its jobs live in collaborators, each behind a small host Protocol the node
 satisfies: `registry` (queue processes, metadata effects: registry.py),
 `forwarding` (where commands go, the drain of forwarded publishes:
 forwarding.py), `commands` (queue commands, dead lettering: commands.py),
 `peer_events` (a peer's connection broke or is new: peer_events.py),
+`joining` (entering a cluster, admitting joiners: joining.py),
 `declarations`, `liveness`, `quiescence`, `membership`, `limits`, `alarms`.
 Its remaining queue-facing methods are one-line delegates that those
 protocols (the queues' `Host`, `ClusterHost`, ...) name.
@@ -23,8 +24,8 @@ which consumers belong to a previous life of a node and return their
 messages (see QuorumQueue._leader_housekeeping).
 
 Why still this size: it is the wiring (start, stop, TLS, ticker, housekeeping,
-alarms) plus two jobs not yet moved out (node-local views and `serve_call`,
-joining); docs/ARCHITECTURE.md lists them as issue 14's remaining split.
+alarms) plus one job not yet moved out (node-local views and `serve_call`);
+docs/ARCHITECTURE.md lists it as issue 14's remaining split.
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ from .commands import Commands
 from .declarations import Declarations
 from .definitions import DefinitionsError, load_definitions_file
 from .forwarding import Forwarding
+from .joining import Joining
 from .limits import ConnectionLimits
 from .liveness import Liveness
 from .membership import Membership
@@ -112,7 +114,9 @@ class Node:
         self._borrowed_refs: set[str] = set()  # see borrow_channel
         self.port = 0
         self.cluster: Cluster | None = None
-        self._join_in_progress: dict[str, bool] = {}
+        #: a node with an empty data directory entering the cluster, and
+        #: admitting such nodes as metadata leader (runtime/joining.py)
+        self.joining = Joining(self, config["cluster.port"])
         self._join_task: asyncio.Task[None] | None = None
         #: what a broken or new connection to a peer sets off (runtime/peer_events.py)
         self.peer_events = PeerEvents(self)
@@ -176,7 +180,7 @@ class Node:
             self.node_name, meta_glog,
             [] if joining else members, self.send_raft,
             self.raft_config, self.registry.meta_effects, self.forwarding.forward_meta,
-            learner=joining, on_cluster_node=self._learned_node,
+            learner=joining, on_cluster_node=self.joining.learned_node,
             default_user=self.config["default_user"],
             default_pass=self.config["default_pass"], default_vhost=self.config["default_vhost"],
         )
@@ -187,7 +191,7 @@ class Node:
             self.meta.group.campaign()
         self._tick_task = loop.create_task(self._ticker())
         if joining:
-            self._join_task = loop.create_task(self._join())
+            self._join_task = loop.create_task(self.joining.join())
         await self._wait(lambda: self.meta.bootstrapped and self.meta.group.leader is not None,
                          self.config["cluster.formation_timeout_ms"] / 1000,
                          "the metadata store did not become ready (is a quorum of "
@@ -489,58 +493,9 @@ class Node:
     def give_back_channel(self, ref: str) -> None:
         self._borrowed_refs.discard(ref)
 
-    def _advertised(self) -> tuple[str, int]:
-        """Where peers reach this node: the host part of its name and the
-        peer port (cluster.bind may be a wildcard)."""
-        return self.node_name.rpartition("@")[2], self.config["cluster.port"]
-
-    async def _join(self) -> None:
-        """Ask the seeds until the metadata leader has added this node (it then
-        receives the metadata log as a learner and is promoted once caught up)."""
-        assert self.cluster is not None
-        host, port = self._advertised()
-        while not (self.meta.bootstrapped and self.meta.group.leader is not None
-                   and self.node_name in self.meta.group.node.config.voters):
-            self.cluster.send_join(host, port)
-            await asyncio.sleep(0.5)
-        log.info("node %s: joined the cluster", self.node_name)
-
     def handle_join(self, name: str, host: str, port: int) -> None:
-        """A node asks to join: the metadata leader records its address (every
-        node then connects to it) and adds it to the metadata group as a
-        learner; others pass the request on to the leader."""
-        if self.cluster is None:
-            return
-        g = self.meta.group
-        if not g.is_leader:
-            if g.leader and g.leader != self.node_name:
-                self.cluster.send_to(g.leader, pw.Join(name, host, port))
-            return
-        self.cluster.add_peer(name, host, port)
-        if self._join_in_progress.get(name):
-            return
-        self._join_in_progress[name] = True
-
-        async def admit() -> None:
-            try:
-                addr = f"{host}:{port}"
-                rec = self.meta.state.parameters.get((md.VhostName("/"), CLUSTER_NODES, name))
-                if rec is None or rec.value != addr:
-                    await self.meta.execute(md.SetParameter(md.VhostName("/"), CLUSTER_NODES, name, addr))
-                if name not in g.node.config.members:
-                    from broker.raft import ConfChange, ConfChangeKind, NodeId
-                    await g.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId(name)))
-                    log.info("node %s: admitted %s to the cluster", self.node_name, name)
-            except Exception as exc:  # retried by the joiner's next request
-                log.info("join of %s not done yet: %s", name, exc)
-            finally:
-                self._join_in_progress.pop(name, None)
-        asyncio.ensure_future(admit())
-
-    def _learned_node(self, name: str, addr: str) -> None:
-        if self.cluster is not None and name != self.node_name:
-            host, _, port = addr.rpartition(":")
-            self.cluster.add_peer(name, host, int(port))
+        """A peer's `Join` (ClusterHost): runtime/joining.py."""
+        self.joining.handle_join(name, host, port)
 
     def channel_gone(self, channel: str) -> bool:
         return self.liveness.channel_gone(channel)
