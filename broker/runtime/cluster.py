@@ -350,7 +350,7 @@ class Cluster:
                     self._resync(key)
 
     async def call(self, peer: str, op: str, args: object, timeout: float) -> Any:  # msgpack-decoded
-        """Ask `peer` a node-local question (`Node.serve_call(op, args)`,
+        """Ask `peer` a node-local question (`NodeCalls.serve_call(op, args)`,
         e.g. its AMQP connections for the management API) and wait for the
         answer. Not re-sent: a lost connection or a slow peer raises
         TimeoutError after `timeout`; an error on the peer raises RuntimeError."""

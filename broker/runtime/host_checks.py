@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .membership import MembershipHost
     from .msg_stats import StatsHost
     from .node import Node
+    from .node_calls import NodeCallsHost
     from .peer_events import PeerEventsHost
     from .queues import Host as QueueHost
     from .registry import RegistryHost
@@ -76,4 +77,7 @@ if TYPE_CHECKING:
         return node
 
     def _joining(node: Node) -> JoiningHost:
+        return node
+
+    def _node_calls(node: Node) -> NodeCallsHost:
         return node

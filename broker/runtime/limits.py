@@ -11,7 +11,7 @@ counts.
 Counts: this node's connections are counted exactly, at the moment of the
 check (the event loop serialises the opens of one node). Other nodes'
 counts come from a cache refreshed every `REFRESH_S` (1 s) by asking every
-connected peer (`Node.cluster_call`'s peer call "limit_counts"), and only
+connected peer (the peer call "limit_counts", runtime/node_calls.py), and only
 while some connection or channel limit is set, so clusters without limits
 pay nothing. RabbitMQ 3.10 also counts cluster-wide from per-node tracking
 tables that are updated asynchronously; here a connection opened on another

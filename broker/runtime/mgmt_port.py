@@ -155,11 +155,11 @@ class NodePort:
     # ------------------------------------------------------------ the cluster
     async def cluster_totals(self) -> list[NodeTotals]:
         return [NodeTotals(int(t["connections"]), int(t["channels"]), t.get("message_stats"))
-                for t in await self._node.cluster_call("totals")]
+                for t in await self._node.calls.cluster_call("totals")]
 
     async def cluster_resources(self) -> list[NodeResources]:
         out = []
-        for r in await self._node.cluster_call("resources"):
+        for r in await self._node.calls.cluster_call("resources"):
             out.append(NodeResources(
                 node=str(r["node"]), disk_free=_opt_int(r.get("disk_free")),
                 disk_free_limit=_opt_int(r.get("disk_free_limit")),
@@ -173,21 +173,21 @@ class NodePort:
     async def cluster_queue_stats(self, only: tuple[str, str] | None = None
                                   ) -> list[QueueStatsPart]:
         return [QueueStatsPart(vhost, name, created_at, stats)
-                for answer in await self._node.cluster_call("queue_stats",
-                                                            list(only) if only else None)
+                for answer in await self._node.calls.cluster_call("queue_stats",
+                                                                  list(only) if only else None)
                 for vhost, name, created_at, stats in answer]
 
     async def cluster_list(self, what: Literal["connections", "channels", "consumers"]
                            ) -> list[JsonObject]:
-        return [item for answer in await self._node.cluster_call(what) for item in answer]
+        return [item for answer in await self._node.calls.cluster_call(what) for item in answer]
 
     async def queue_storage(self, vhost: str, name: str) -> list[JsonObject]:
-        return [a for a in await self._node.cluster_call("queue_storage", [vhost, name]) if a]
+        return [a for a in await self._node.calls.cluster_call("queue_storage", [vhost, name]) if a]
 
     async def close_connection(self, node: str | None, name: str, reason: str) -> None:
         n = self._node
         if node in (None, n.node_name) or n.cluster is None:
-            n.close_local_connection(name, reason)
+            n.calls.close_local_connection(name, reason)
             return
         try:
             await n.cluster.call(node, "close_connection", [name, reason], 5.0)

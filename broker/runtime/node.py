@@ -6,14 +6,14 @@ the metadata group and every local queue member it lists, starts the Raft
 tick timer and the AMQP listener.
 
 What it owns: start/stop, TLS, the tick timer, routing of storage callbacks,
-housekeeping and alarm wiring, the node-local
-views peers ask for (`serve_call`), the process entry (`main`, `_serve`).
+housekeeping and alarm wiring, the process entry (`main`, `_serve`).
 Its jobs live in collaborators, each behind a small host Protocol the node
 satisfies: `registry` (queue processes, metadata effects: registry.py),
 `forwarding` (where commands go, the drain of forwarded publishes:
 forwarding.py), `commands` (queue commands, dead lettering: commands.py),
 `peer_events` (a peer's connection broke or is new: peer_events.py),
-`joining` (entering a cluster, admitting joiners: joining.py),
+`joining` (entering a cluster, admitting joiners: joining.py), `calls`
+(the node-local views peers ask for, asking every node: node_calls.py),
 `declarations`, `liveness`, `quiescence`, `membership`, `limits`, `alarms`.
 Its remaining queue-facing methods are one-line delegates that those
 protocols (the queues' `Host`, `ClusterHost`, ...) name.
@@ -24,8 +24,8 @@ which consumers belong to a previous life of a node and return their
 messages (see QuorumQueue._leader_housekeeping).
 
 Why still this size: it is the wiring (start, stop, TLS, ticker, housekeeping,
-alarms) plus one job not yet moved out (node-local views and `serve_call`);
-docs/ARCHITECTURE.md lists it as issue 14's remaining split.
+alarms) and the process entry (`main`, `_serve`, the management servers),
+which move to runtime/app.py next.
 """
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ from .limits import ConnectionLimits
 from .liveness import Liveness
 from .membership import Membership
 from .metastore import CLUSTER_NODES, META_GROUP, MetadataStore
+from .msg_stats import NodeStats
+from .node_calls import NodeCalls
 from .peer_events import PeerEvents
 from .queues import Message, QueueProcess, QueueUid, QuorumQueue
 from .quiesce import PASS_TICKS, Quiescence
@@ -120,6 +122,10 @@ class Node:
         self._join_task: asyncio.Task[None] | None = None
         #: what a broken or new connection to a peer sets off (runtime/peer_events.py)
         self.peer_events = PeerEvents(self)
+        #: the node-local views peers ask for, and asking every node (runtime/node_calls.py)
+        self.calls = NodeCalls(self)
+        #: this node's message counters (runtime/msg_stats.py), made by its first AMQP connection
+        self.msg_stats: NodeStats | None = None
         self.membership = Membership(self)
         self.liveness = Liveness(self.node_name, None, self._known_nodes, self._local_channel_open)
         self.declarations = Declarations(self)
@@ -540,82 +546,10 @@ class Node:
     def unreachable(self) -> frozenset[str]:
         return self.quiescence.unreachable
 
-    # ------------------------------------------------------------ node-local views
-    def local_connections(self) -> list[dict[str, Any]]:
-        """This node's AMQP connections (past the login), as the management
-        API shows them."""
-        return [c.info() for c in list(self.connections) if getattr(c, "vhost", "")]
-
-    def local_channels(self) -> list[dict[str, Any]]:
-        return [ch.info() for c in list(self.connections) for ch in list(c.channels.values())]
-
-    def local_consumers(self) -> list[dict[str, Any]]:
-        return [info for c in list(self.connections) for ch in list(c.channels.values())
-                for info in ch.consumer_infos()]
-
-    def close_local_connection(self, name: str, reason: str) -> bool:
-        """Force-close this node's connection `name` (320 CONNECTION_FORCED)."""
-        found = False
-        for conn in list(self.connections):
-            if getattr(conn, "name", None) == name:
-                conn.force_close(reason)
-                found = True
-        return found
-
+    # ------------------------------------------------------------ node calls
     def serve_call(self, op: str, args: Any) -> Any:
-        """A peer's node-local question (Cluster.call): the management API of
-        any node shows the whole cluster's connections, channels and consumers."""
-        if op == "connections":
-            return self.local_connections()
-        if op == "channels":
-            return self.local_channels()
-        if op == "consumers":
-            return self.local_consumers()
-        if op == "totals":
-            stats = getattr(self, "msg_stats", None)
-            return {"connections": sum(1 for c in list(self.connections) if c.vhost),
-                    "channels": sum(len(c.channels) for c in list(self.connections)),
-                    "message_stats": stats.totals.message_stats() if stats is not None else None}
-        if op == "queue_stats":
-            # [[vhost, name, created_at, message_stats]] of this node's channels
-            stats = getattr(self, "msg_stats", None)
-            want = tuple(args) if args else None
-            return [] if stats is None else [
-                [uid[0], uid[1], uid[2], c.message_stats()] for uid, c in list(stats.queues.items())
-                if want is None or (uid[0], uid[1]) == want]
-        if op == "resources":
-            a = self.alarms
-            return {"node": self.node_name, "disk_free": a.disk_free, "disk_free_limit": a.disk_limit,
-                    "mem_used": a.mem_used, "mem_limit": a.mem_limit,
-                    "alarms": sorted(a.local), **self.storage_usage}
-        if op == "queue_storage":
-            # this node's replica of one queue: its segment and snapshot files
-            q = self.queues.get((str(args[0]), str(args[1])))
-            if not isinstance(q, QuorumQueue):
-                return None
-            return {"node": self.node_name, **st_manifest.group_usage(q.glog.path)}
-        if op == "limit_counts":
-            return self.limits.local_counts().to_wire()
-        if op == "close_connection":
-            return self.close_local_connection(str(args[0]), str(args[1]))
-        raise ValueError(f"unknown call {op!r}")
-
-    async def cluster_call(self, op: str, args: Any = None, timeout: float = 3.0) -> list[Any]:
-        """`serve_call(op, args)` here and on every connected peer; the
-        answers in node order. A peer that does not answer in time is left
-        out (RabbitMQ's lists leave out unreachable nodes too)."""
-        answers: list[Any] = [self.serve_call(op, args)]
-        if self.cluster is None:
-            return answers
-        peers = [p for p in sorted(self.cluster.peers) if self.cluster.transport.is_connected(p)]
-        results = await asyncio.gather(*(self.cluster.call(p, op, args, timeout) for p in peers),
-                                       return_exceptions=True)
-        for peer, r in zip(peers, results, strict=True):
-            if isinstance(r, BaseException):
-                log.warning("%s from %s: no answer: %s", op, peer, r)
-            else:
-                answers.append(r)
-        return answers
+        """A peer's node-local question (ClusterHost): runtime/node_calls.py."""
+        return self.calls.serve_call(op, args)
 
     # ------------------------------------------------------------ metadata
     async def meta_execute(self, cmd: Any) -> Any:

@@ -12,7 +12,7 @@ tag first, then its fields in declaration order:
     QueueReply    ["a", req_id, status, reply]     its reply ("ok"|"not_leader"|"error")
     Deliveries    ["d", vhost, queue, channel, tag, [deliveries], {index: message}]
     Join          ["j", node_name, host, port]     let this node into the cluster
-    Call          ["i", call_id, op, args]         a node-local question (Node.serve_call)
+    Call          ["i", call_id, op, args]         a node-local question (NodeCalls.serve_call)
     CallReply     ["o", call_id, ok, value]        its answer (or the error's text)
     AlarmState    ["w", [resources]]               the sender's resource alarms
                                                    ("disk", "memory"; runtime/alarms.py)
