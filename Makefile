@@ -59,7 +59,8 @@ lint: $(STAMP)
 		broker/runtime/channel.py broker/runtime/amqp_server.py broker/runtime/membership.py \
 		broker/runtime/queues.py broker/runtime/classic.py broker/runtime/host_checks.py \
 		broker/runtime/registry.py broker/runtime/forwarding.py broker/runtime/commands.py \
-		broker/runtime/peer_events.py broker/runtime/joining.py broker/runtime/node_calls.py
+		broker/runtime/peer_events.py broker/runtime/joining.py broker/runtime/node_calls.py \
+		broker/runtime/app.py
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data

@@ -50,8 +50,8 @@ STEPS: list[tuple[str, str]] = [
     (r"broker/runtime/queues\.py", "queue effects (runtime)"),
     # main() runs the event loop: a sample whose deepest frame of ours is main
     # is uvloop's own work (socket reads and writes, callbacks' bookkeeping)
-    (r"broker/(runtime/node\.py:main|__main__\.py)", "event loop and socket I/O (uvloop)"),
-    (r"broker/runtime/node\.py", "node (timers, routing of callbacks)"),
+    (r"broker/(runtime/app\.py:main|__main__\.py)", "event loop and socket I/O (uvloop)"),
+    (r"broker/runtime/(node|peer_events|joining|node_calls)\.py", "node (timers, routing of callbacks)"),
     (r"broker/", "other broker code"),
 ]
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*)\)$")

@@ -1,4 +1,4 @@
-"""`qq-broker`: start one broker node (`broker.runtime.node.main`)."""
+"""`qq-broker`: start one broker node (`broker.runtime.app.main`)."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +6,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        from broker.runtime import node  # noqa: F401  (exists once the node runtime lands)
+        from broker.runtime import app  # noqa: F401  (exists once the node runtime lands)
     except ImportError:
         print(
             "qq-broker: the broker node runtime is not implemented yet "
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return int(node.main(argv) or 0)  # pragma: no cover
+    return int(app.main(argv) or 0)  # pragma: no cover
 
 
 if __name__ == "__main__":

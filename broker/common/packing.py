@@ -2,7 +2,7 @@
 
 `msgpack.packb` builds a new Packer per call, and a Packer allocates its
 256 KiB buffer up front: above the node's malloc mmap threshold (64 KiB,
-`node.tune_malloc`) that is an mmap and a munmap for every message packed,
+`app.tune_malloc`) that is an mmap and a munmap for every message packed,
 about 8 us each on the publish path (bench/profile.py). A Packer kept per
 thread reuses its buffer (`autoreset`: every `pack` starts empty and returns
 its own bytes). A Packer that packed 1 MiB or more is dropped, so no thread

@@ -2,8 +2,9 @@
 
 Where it sits: the one place that knows how the management API's questions
 map onto the node's object graph (queue processes, Raft groups, the
-metadata store, the cluster, membership, alarms, storage). `Node.start()`
-hands a `NodePort` to `broker.mgmt.start_servers`; the management package
+metadata store, the cluster, membership, alarms, storage). The process
+(runtime/app.py `start_management`) hands a `NodePort` over the started node
+to `broker.mgmt.start_servers`; the management package
 sees only the port's typed views and errors, never the node. Runtime errors
 become the port's typed errors here (`MembershipError` -> `MembershipRefused`,
 `ChannelError` -> `QueueCommandFailed`, a failed peer call -> `PeerUnreachable`).

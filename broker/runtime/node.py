@@ -3,39 +3,32 @@
 Where it sits: the top of the I/O shell, and its wiring. `Node.start()`
 opens the node's storage (one WAL shared by every Raft group here), recovers
 the metadata group and every local queue member it lists, starts the Raft
-tick timer and the AMQP listener.
+tick timer and the AMQP listener. The process around it (`main`, signals,
+the management servers over the node) is runtime/app.py.
 
 What it owns: start/stop, TLS, the tick timer, routing of storage callbacks,
-housekeeping and alarm wiring, the process entry (`main`, `_serve`).
-Its jobs live in collaborators, each behind a small host Protocol the node
-satisfies: `registry` (queue processes, metadata effects: registry.py),
-`forwarding` (where commands go, the drain of forwarded publishes:
-forwarding.py), `commands` (queue commands, dead lettering: commands.py),
-`peer_events` (a peer's connection broke or is new: peer_events.py),
-`joining` (entering a cluster, admitting joiners: joining.py), `calls`
-(the node-local views peers ask for, asking every node: node_calls.py),
-`declarations`, `liveness`, `quiescence`, `membership`, `limits`, `alarms`.
-Its remaining queue-facing methods are one-line delegates that those
-protocols (the queues' `Host`, `ClusterHost`, ...) name.
+housekeeping and alarm wiring. Its jobs live in collaborators, each behind a
+small host Protocol the node satisfies: `registry` (queue processes,
+metadata effects: registry.py), `forwarding` (where commands go, the drain
+of forwarded publishes: forwarding.py), `commands` (queue commands, dead
+lettering: commands.py), `joining` (entering a cluster, admitting joiners:
+joining.py), `peer_events` (a peer's connection broke or is new:
+peer_events.py), `calls` (the node-local views peers ask for, asking every
+node: node_calls.py), `declarations`, `liveness`, `quiescence`,
+`membership`, `limits`, `alarms`. Its remaining queue-facing methods are
+one-line delegates that those protocols (the queues' `Host`, `ClusterHost`,
+...) name.
 
 Channel references are `"<node>|<incarnation>/<connection>/<channel>"`: the
 incarnation changes at every start, so after a restart a queue leader can tell
 which consumers belong to a previous life of a node and return their
 messages (see QuorumQueue._leader_housekeeping).
-
-Why still this size: it is the wiring (start, stop, TLS, ticker, housekeeping,
-alarms) and the process entry (`main`, `_serve`, the management servers),
-which move to runtime/app.py next.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
 import logging
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,7 +37,7 @@ from broker import metadata as md
 from broker import queue as qm
 from broker import storage as st
 from broker.amqp.connection import ServerConfig
-from broker.common.config import Config, ConfigError, load_config
+from broker.common.config import Config, ConfigError
 from broker.common.tls import server_context
 from broker.raft import RaftConfig
 from broker.storage import manifest as st_manifest
@@ -55,7 +48,7 @@ from .amqp_server import AmqpConnection
 from .cluster import Cluster
 from .commands import Commands
 from .declarations import Declarations
-from .definitions import DefinitionsError, load_definitions_file
+from .definitions import load_definitions_file
 from .forwarding import Forwarding
 from .joining import Joining
 from .limits import ConnectionLimits
@@ -136,7 +129,6 @@ class Node:
         #: resources with an alarm anywhere in the cluster: publishers are blocked
         self.alarm_resources: frozenset[str] = frozenset()
         self._alarm_task: asyncio.Task[None] | None = None
-        self.mgmt: Any = None  # broker.mgmt.ManagementServers once started
         self._stopping = False
 
     # ------------------------------------------------------------ lifecycle
@@ -150,7 +142,9 @@ class Node:
         amqp_tls = server_context(cfg, "ssl_options") if cfg["listeners.ssl.default"] else None
         for prefix in ("management.ssl", "prometheus.ssl"):
             if cfg[f"{prefix}.port"]:
-                server_context(cfg, prefix)  # refuse bad files now, not after the cluster formed
+                # refuse bad files now, not after the cluster formed (the
+                # management servers are started over the node by app.py)
+                server_context(cfg, prefix)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.storage = st.LogManager.open(
             self.data_dir / "raft",
@@ -243,14 +237,6 @@ class Node:
                      cfg["listeners.ssl.bind"], self.tls_port)
             if self._server is None:
                 self.port = self.tls_port
-        if cfg["management.tcp.port"] or cfg["prometheus.tcp.port"] or cfg["management.ssl.port"] \
-                or cfg["prometheus.ssl.port"] \
-                or cfg["quorum_queue.continuous_membership_reconciliation.enabled"]:
-            from broker.mgmt import start_servers
-
-            from .mgmt_port import NodePort
-
-            self.mgmt = await start_servers(NodePort(self))
 
     async def stop(self) -> None:
         # From here on, callbacks from storage threads and late Readies must
@@ -258,9 +244,6 @@ class Node:
         self._stopping = True
         for g in list(self.registry.groups.values()):
             g.shutting_down = True
-        if self.mgmt is not None:
-            await self.mgmt.close()
-            self.mgmt = None
         if self._server is not None:
             self._server.close()
         if self._tls_server is not None:
@@ -610,93 +593,3 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:
         pass
-
-
-# ---------------------------------------------------------------- process entry
-#: glibc's mallopt parameter; its value: a fixed threshold (setting one also
-#: turns off glibc's dynamic adjustment of it)
-_M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 64 * 1024
-
-
-def tune_malloc() -> bool:
-    """Give message-sized buffers (64 KiB and up) their own mappings,
-    returned to the kernel when freed. glibc's default threshold grows with
-    every large block freed (up to 32 MiB), after which bodies are carved
-    from the heap, whose freed holes the next ones do not fit: a broker
-    streaming 64 KiB messages then grew by ~25 MiB per 32 MiB passed through
-    and never gave it back (bench: tests/e2e/test_hostile.py's slow
-    consumer). Returns False where there is no glibc."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-    except (OSError, AttributeError):
-        return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    tune_malloc()
-    ap = argparse.ArgumentParser(prog="qq-broker", description="Run one broker node.")
-    ap.add_argument("--config", help="rabbitmq.conf-style configuration file")
-    ap.add_argument("--log-level", default=os.environ.get("QQ_LOG_LEVEL", "INFO"))
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        text = Path(args.config).read_text() if args.config else ""
-        config = load_config(text, os.environ, source=args.config or "config")
-    except (ConfigError, OSError) as exc:
-        print(f"qq-broker: invalid configuration: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover
-        pass
-    tune_gc()
-    return asyncio.run(_serve(config))
-
-
-def tune_gc() -> None:
-    """Young collections every 50,000 allocations instead of 700: a message
-    allocates dozens of objects, so the default ran one every few messages,
-    each walking the young generation (bench/report.py: +15-25% throughput,
-    lower p99, 3 nodes, 1 KiB); older generations at the default ratios, so
-    cyclic garbage (closed connections) still goes within seconds under load.
-    What exists before the node starts (modules, configuration) is frozen
-    out of the walks; nothing of the node is: a recovered queue deleted later
-    must be collectable."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 10, 10)
-
-
-async def _serve(config: Config) -> int:
-    node = Node(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, node.log_status)
-    try:
-        await node.start()
-    except DefinitionsError as exc:
-        print(f"qq-broker: {exc}", file=sys.stderr, flush=True)
-        await node.stop()
-        return 2
-    except (RuntimeError, ConfigError) as exc:
-        print(f"qq-broker {node.node_name}: cannot start: {exc}", file=sys.stderr, flush=True)
-        await node.stop()
-        return 1
-    print(f"qq-broker {node.node_name}: ready on port {node.port}", flush=True)
-    await stop.wait()
-    await node.stop()
-    return 0
-

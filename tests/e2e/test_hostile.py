@@ -386,7 +386,7 @@ def test_slow_consumer_that_never_reads_is_bounded(tmp_path: Path) -> None:
         # 4th round: the last 3 rounds (96 MiB) must add less than half that.
         # (It also grew ~25 MiB a round while glibc carved 64 KiB bodies from
         # a fragmenting heap; the broker now fixes malloc's mmap threshold,
-        # node.tune_malloc.)
+        # app.tune_malloc.)
         assert rss[-1] - rss[-4] < 48, f"broker RSS kept growing: {rss} MiB"
     finally:
         broker.kill()
