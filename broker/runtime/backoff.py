@@ -6,9 +6,14 @@ pushes) retry through the event loop's `call_later`; both take their delays
 from a `Backoff`: exponential from `first` up to `cap`, back to the start
 after progress. (The at-least-once dead-letter worker re-publishes a letter
 whose target is missing at a fixed interval: a different question, see
-runtime/dead_letter.py.)
+runtime/dead_letter.py.) A `RestartGate` spaces the restarts of a member
+a failed write stopped (`Registry.restart_stopped`,
+`MetadataStore.restart_stopped`).
 """
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 
 class Backoff:
@@ -37,4 +42,38 @@ class Backoff:
         self._next = 0.0 if self.immediate else self.first
 
 
-__all__ = ["Backoff"]
+class RestartGate:
+    """When a stopped member may be started again: at once the first time,
+    then `first`, 2*`first`, ... `cap` seconds after each attempt. An attempt
+    `quiet` seconds or more after the previous one starts the series again
+    (the member ran that long: its next failure is a new one)."""
+
+    __slots__ = ("_backoff", "quiet", "_clock", "_not_before", "_last", "attempts")
+
+    def __init__(self, first: float = 2.0, cap: float = 60.0, quiet: float = 600.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._backoff = Backoff(first, cap)
+        self.quiet = quiet
+        self._clock = clock
+        self._not_before = 0.0
+        self._last: float | None = None
+        self.attempts = 0  # in all
+
+    def due(self) -> bool:
+        return self._clock() >= self._not_before
+
+    def attempt(self) -> None:
+        """An attempt is made now."""
+        now = self._clock()
+        if self._last is not None and now - self._last >= self.quiet:
+            self._backoff.reset()
+        self._last = now
+        self._not_before = now + self._backoff.next()
+        self.attempts += 1
+
+    def reopen(self) -> None:
+        """The next attempt may be made at once (the wait is over)."""
+        self._not_before = 0.0
+
+
+__all__ = ["Backoff", "RestartGate"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,6 +36,7 @@ from broker import storage as st
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
 from . import wire
+from .backoff import RestartGate
 from .machine import Cursor, MachineSnapshot
 from .raft_group import RaftGroup
 
@@ -84,8 +84,7 @@ class MetadataStore:
         self._effects_done_upto = 0
         #: the state the node acted on, while a restarted group replays up to it
         self._acted: md.MetadataState | None = None
-        self.restarts = 0
-        self._restart_not_before = 0.0
+        self.restart_gate = RestartGate()
         # The group restores the state from the log's snapshot (restore).
         # A joining node starts knowing no configuration: it cannot campaign
         # and takes the configuration from the leader's log.
@@ -110,7 +109,7 @@ class MetadataStore:
         still in flight; backs off 2..60 s between attempts. Corrupt data
         and broken invariants stay stopped. Returns the new group."""
         g, glog = self.group, self.glog
-        if not isinstance(g.stopped, st.StorageIOError) or time.monotonic() < self._restart_not_before:
+        if not isinstance(g.stopped, st.StorageIOError) or not self.restart_gate.due():
             return None
         try:
             if glog.failed is not None or glog.last_index() != glog.durable_index() \
@@ -120,8 +119,7 @@ class MetadataStore:
             return None
         log.warning("metadata: restarting the group stopped by %s (applied %d)", g.stopped,
                     g.applied_index)
-        self.restarts += 1
-        self._restart_not_before = time.monotonic() + min(60.0, 2.0 ** self.restarts)
+        self.restart_gate.attempt()
         old_state = self._acted if self._acted is not None else self.state
         old_applied = max(g.applied_index, self._effects_done_upto)
         bootstrap = g.storage.bootstrap

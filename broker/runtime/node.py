@@ -387,7 +387,8 @@ class Node:
         """Every `cluster.housekeeping_interval_ms` (2 s): note peers that are
         down, let the queues this node leads return the messages of
         consumers on dead channels, and, while the disk is not in alarm,
-        restart the members a failed write stopped (`Registry.restart_stopped`)."""
+        restart the metadata group and the queue members a failed write
+        stopped (`MetadataStore.restart_stopped`, `Registry.restart_stopped`)."""
         interval = self.config["cluster.housekeeping_interval_ms"] / 1000
         while True:
             await asyncio.sleep(interval)
@@ -405,6 +406,10 @@ class Node:
                     q.reap_dead_channels()
             if DISK not in self.alarms.local:  # members a full disk stopped start again
                 try:
+                    if self.storage is not None:
+                        meta_group = self.meta.restart_stopped(self.storage)
+                        if meta_group is not None:
+                            self.registry.groups[META_GROUP] = meta_group
                     self.registry.restart_stopped()
                 except Exception:  # noqa: BLE001 - housekeeping goes on
                     log.exception("restarting stopped members failed")

@@ -40,6 +40,7 @@ from broker import queue as qm
 from broker import storage as st
 from broker.raft import InvariantViolation, RaftConfig
 
+from .backoff import RestartGate
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
 from .declarations import qq_args
@@ -90,9 +91,9 @@ class Registry:
         #: of those, the ones whose storage could not be written (a full disk):
         #: `restart_stopped` tries them again once there is room
         self._start_again: set[tuple[str, str]] = set()
-        #: restarts so far and the earliest next one, by queue key (a disk that
-        #: fills again at once must not make a member restart every 2 s)
-        self._restarts: dict[tuple[str, str], tuple[int, float]] = {}
+        #: when each queue's member may be restarted or created again (a disk
+        #: that fills again at once must not make it restart every 2 s)
+        self._restarts: dict[tuple[str, str], RestartGate] = {}
 
     # ------------------------------------------------------------ lookups
     def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
@@ -222,13 +223,12 @@ class Registry:
         Returns the queues restarted."""
         me = self.host.node_name
         done: list[str] = []
-        now = time.monotonic()
         for key, q in list(self.queues.items()):
             if not isinstance(q, QuorumQueue) or q.deleted \
                     or not isinstance(q.group.stopped, st.StorageIOError):
                 continue
-            count, not_before = self._restarts.get(key, (0, 0.0))
-            if now < not_before:
+            gate = self._restarts.setdefault(key, RestartGate())
+            if not gate.due():
                 continue
             glog = q.glog
             try:
@@ -242,17 +242,21 @@ class Registry:
                 continue
             log.warning("queue %s/%s: restarting the member stopped by %s", key[0], key[1],
                         q.group.stopped)
-            self._restarts[key] = (count + 1, now + min(60.0, 2.0 ** (count + 1)))
+            gate.attempt()
             q.close()
             self.groups.pop(glog.group_id, None)
             glog.close()
             if isinstance(self._start_in_place_of(q, record), QuorumQueue):
                 done.append(f"{key[0]}/{key[1]}")
         for key in list(self._start_again):
+            gate = self._restarts.setdefault(key, RestartGate())
+            if not gate.due():
+                continue
             record = self.queue_record(*key)
             self._start_again.discard(key)
             if record is None or me not in record.members or key not in self.failed_members:
                 continue
+            gate.attempt()
             del self.failed_members[key]
             log.warning("queue %s/%s: starting the member that could not be created again",
                         key[0], key[1])

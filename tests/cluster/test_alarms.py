@@ -228,3 +228,71 @@ def test_a_member_stopped_by_a_full_disk_starts_again_once_there_is_room(
     cons.close()
     missing = set(pub.confirmed) - set(got)
     assert not missing, f"{len(missing)} confirmed messages lost: {sorted(missing)[:10]}"
+
+
+def test_the_metadata_store_stopped_by_a_full_disk_starts_again_and_catches_up(
+        unguarded: tuple[MgmtCluster, Path]) -> None:
+    """Node 3's disk fills up with the alarm off: the next metadata write
+    stops its metadata group on ENOSPC (health check raft-groups 503 names
+    it). A queue declared on node 1 meanwhile has no member running on node 3.
+    Once the filler is gone, the metadata group starts again in place (no
+    node restart), replays its log and catches up: node 3 starts the member
+    of the queue declared while it was stopped, serves declarations again,
+    and every message confirmed to that queue is there."""
+    c, mnt = unguarded
+    n1, n2, n3 = c.nodes
+    setup = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n1.port))
+    ch = setup.channel()
+    ch.queue_declare("before-q", durable=True, arguments={**QQ, "x-quorum-initial-group-size": 3})
+    filler = mnt / "filler"
+    fill_disk(filler)
+
+    def stopped_groups() -> list[str]:
+        status, body = c.apis[2].get("/api/health/checks/raft-groups")
+        return [g["group"] for g in body.get("groups", [])] if status == 503 else []
+    # metadata writes (exchange declarations with a large argument) until
+    # node 3's fails: the first few may still fit in its WAL's last page
+    for i in range(200):
+        ch.exchange_declare(f"filler-{i}", arguments={"blob": "x" * 8000})
+        if "__metadata__" in stopped_groups():
+            break
+    assert "__metadata__" in stopped_groups(), "node 3's metadata group never stopped"
+    ch.queue_declare("while-q", durable=True, arguments={**QQ, "x-quorum-initial-group-size": 3})
+    ch.confirm_delivery()
+    for i in range(50):
+        ch.basic_publish("", "while-q", str(i).encode(), pika.BasicProperties(delivery_mode=2),
+                         mandatory=True)
+    filler.unlink()
+    wait_for(lambda: c.apis[2].get("/api/health/checks/raft-groups")[0] == 200, timeout=90,
+             what="node 3's groups started again")
+
+    def member_on_n3(queue: str) -> bool:
+        status = c.apis[0].get(f"/api/queues/%2F/{queue}/quorum-status")[1]
+        leader = next((m for m in status if m["raft_state"] == "leader"), None)
+        mine = next((m for m in status if m["node"] == n3.name), None)
+        return leader is not None and mine is not None and mine["online"] \
+            and mine["match_index"] == leader["commit_index"]
+    wait_for(lambda: member_on_n3("while-q"), timeout=60,
+             what="node 3 runs the member of the queue declared while its metadata was stopped")
+    assert member_on_n3("before-q")
+    # node 3 serves metadata commands again, and its replica has them all
+    on3 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n3.port))
+    ch3 = on3.channel()
+    ch3.queue_declare("after-q", durable=True, arguments=QQ)
+    assert ch3.queue_declare("while-q", passive=True).method.message_count == 50
+    on3.close()
+    wait_for(lambda: {"before-q", "while-q", "after-q"} <= {
+        q["name"] for q in c.apis[2].get("/api/queues")[1]}, what="node 3 lists every queue")
+    got = sorted(int(b) for b in _bodies(setup.channel(), "while-q"))
+    setup.close()
+    assert got == list(range(50))
+
+
+def _bodies(ch: Any, queue: str) -> list[bytes]:
+    out: list[bytes] = []
+    while True:
+        method, _props, body = ch.basic_get(queue)
+        if method is None:
+            return out
+        ch.basic_ack(method.delivery_tag)
+        out.append(body)

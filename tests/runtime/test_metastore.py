@@ -210,10 +210,10 @@ async def test_a_replica_stopped_by_a_full_disk_restarts_in_place_and_acts_once(
         assert isinstance(retry.stopped, st.StorageIOError), retry.stopped
         assert c.store.restart_stopped(c.mgr) is None  # backing off
         filler.unlink()
-        c.store._restart_not_before = 0.0  # the back-off is over
+        c.store.restart_gate.reopen()  # the back-off is over
         new_group = c.store.restart_stopped(c.mgr)
         assert new_group is not None and new_group is not retry and c.store.group is new_group
-        assert c.store.restarts == 2
+        assert c.store.restart_gate.attempts == 2
         # replayed before anything could read it: no empty state in between
         assert ("/", "before") in c.store.state.queues and "/" in c.store.state.vhosts
         await _until(lambda: c.store.group.applied_index >= lead.store.group.applied_index, net,
