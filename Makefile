@@ -48,19 +48,7 @@ chaos: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check broker tests bench
-	$(VENV)/bin/mypy broker/raft broker/queue broker/storage broker/metadata broker/amqp broker/common broker/mgmt \
-		broker/runtime/backoff.py broker/runtime/errors.py broker/runtime/placement.py \
-		broker/runtime/confirms.py broker/runtime/liveness.py broker/runtime/cluster_local.py \
-		broker/runtime/quiesce.py broker/runtime/wire.py broker/runtime/peer_wire.py \
-		broker/runtime/raft_wire.py broker/runtime/alarms.py broker/runtime/limits.py \
-		broker/runtime/msg_stats.py broker/runtime/transport.py broker/runtime/publish.py \
-		broker/runtime/cluster.py broker/runtime/dead_letter.py broker/runtime/declarations.py \
-		broker/runtime/definitions.py broker/runtime/mgmt_port.py broker/runtime/machine.py broker/runtime/raft_group.py \
-		broker/runtime/channel.py broker/runtime/amqp_server.py broker/runtime/membership.py \
-		broker/runtime/queues.py broker/runtime/classic.py broker/runtime/host_checks.py \
-		broker/runtime/registry.py broker/runtime/forwarding.py broker/runtime/commands.py \
-		broker/runtime/peer_events.py broker/runtime/joining.py broker/runtime/node_calls.py \
-		broker/runtime/app.py
+	$(VENV)/bin/mypy broker
 	$(VENV)/bin/lint-imports
 
 # Storage audit (PySpark, local mode) of the `make run` cluster: its data

@@ -281,7 +281,7 @@ def drain_if_leaving(c: Client, o: Output, a: argparse.Namespace,
     from broker.common.discovery import DiscoveryError, parse_pod_name
 
     env = dict(os.environ if environ is None else environ)
-    deadline = time.monotonic() + a.wait
+    deadline = time.monotonic() + float(a.wait)
 
     def log(text: str) -> None:
         o.err.write(f"qqctl drain --if-leaving: {text}\n")
@@ -297,8 +297,7 @@ def drain_if_leaving(c: Client, o: Output, a: argparse.Namespace,
         raise CliError(str(exc), EXIT_USAGE) from None
     me = this_node(c)
     desired = desired_replicas(a, env, log, a.statefulset or ident.statefulset)
-    leaving = desired is not None and ident.ordinal >= desired
-    if leaving:
+    if desired is not None and ident.ordinal >= desired:  # leaving
         log(f"{me} (pod {pod}, ordinal {ident.ordinal}) is LEAVING: the StatefulSet wants "
             f"{desired} replicas")
         return _leave(c, o, a, me, deadline, log, left, desired)
@@ -497,7 +496,7 @@ def cmd_check_quorum_critical(c: Client, o: Output, a: argparse.Namespace) -> in
 
 
 def cmd_await_quorum_plus_one(c: Client, o: Output, a: argparse.Namespace) -> int:
-    deadline = time.monotonic() + a.wait
+    deadline = time.monotonic() + float(a.wait)
     last: list[dict[str, Any]] = []
     while True:
         status, body = c.status(_critical_path(a.node))

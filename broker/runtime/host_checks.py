@@ -4,12 +4,12 @@ Where it sits: nowhere at run time (everything here is under
 `TYPE_CHECKING`; importing the module does nothing). The collaborators see
 the node only through `Protocol`s they declare (the AMQP connection's
 `ServerNode`, its channels' `ChannelNode`, `MembershipHost`, `RegistryHost`,
-...), and node.py passes `self` to each of them. node.py is not yet
-`mypy --strict` (mypy follows it silently and reports none of its errors),
-so a `Node` that stops matching a protocol would go unnoticed there; the
-functions below make the same assignments in a module `make lint` checks.
-A failure here names the protocol and the member the node lacks or types
-differently.
+...), and node.py passes `self` to each of them. The functions below make
+every such assignment in one place, including those node.py makes through
+a constructor that takes its host loosely or later (a collaborator built
+before the node is complete), so a `Node` that stops matching any of its
+protocols fails `make lint` here, naming the protocol and the member the
+node lacks or types differently.
 """
 from __future__ import annotations
 

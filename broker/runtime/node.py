@@ -139,12 +139,12 @@ class Node:
         # listener settings are checked before anything touches the disk
         if cfg["listeners.tcp"] == "none" and not cfg["listeners.ssl.default"]:
             raise ConfigError("listeners.tcp = none needs listeners.ssl.default: no AMQP listener left")
-        amqp_tls = server_context(cfg, "ssl_options") if cfg["listeners.ssl.default"] else None
+        amqp_tls = server_context(cfg.values, "ssl_options") if cfg["listeners.ssl.default"] else None
         for prefix in ("management.ssl", "prometheus.ssl"):
             if cfg[f"{prefix}.port"]:
                 # refuse bad files now, not after the cluster formed (the
                 # management servers are started over the node by app.py)
-                server_context(cfg, prefix)
+                server_context(cfg.values, prefix)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.storage = st.LogManager.open(
             self.data_dir / "raft",
@@ -460,7 +460,7 @@ class Node:
         config = self.meta.group.node.config
         if self.node_name not in config.members:
             return None
-        known = set(config.members)
+        known: set[str] = set(config.members)
         for r in self.meta.state.queues.values():
             known.update(r.members)
         for q in self.queues.values():
