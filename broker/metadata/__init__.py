@@ -94,7 +94,7 @@ from .policies import (
     validate_policy,
 )
 from .routing import route
-from .snapshot import SnapshotError, from_bytes, to_bytes
+from .snapshot import SnapshotError, from_bytes, reply_from_bytes, reply_to_bytes, to_bytes
 from .state import (
     USER_LIMIT_NAMES,
     VHOST_LIMIT_NAMES,
@@ -141,7 +141,7 @@ __all__ = [
     "authenticate", "check", "check_loopback", "check_password", "check_topic",
     "check_vhost_access", "effective_definition", "effects_between", "exchange_alternate", "freeze_table",
     "from_bytes", "hash_password", "initial_state", "is_loopback", "new_state",
-    "queue_operator_policy", "queue_policy", "route", "thaw_table", "to_bytes",
+    "queue_operator_policy", "queue_policy", "reply_from_bytes", "reply_to_bytes", "route", "thaw_table", "to_bytes",
     "validate_policy",
     "ClearUserLimit", "ClearVhostLimit", "MAX_CHANNELS", "MAX_CONNECTIONS", "MAX_QUEUES",
     "SetUserLimit", "SetVhostLimit", "USER_LIMIT_NAMES", "UserLimit", "VHOST_LIMIT_NAMES",

@@ -18,7 +18,8 @@ from typing import Any
 
 import msgpack
 
-from .errors import MetadataInvariantError
+from .commands import ExchangeDeclareOk, Ok, QueueDeclareOk, QueueDeleteOk, Reply
+from .errors import MetadataError, MetadataInvariantError
 from .state import (
     Binding,
     ExchangeRecord,
@@ -164,3 +165,44 @@ def from_bytes(
     except MetadataInvariantError as e:
         raise SnapshotError(f"inconsistent snapshot: {e}") from e
     return s
+
+
+def reply_to_bytes(reply: Reply) -> bytes:
+    """A machine's reply as bytes: the metadata leader sends it back with the
+    index of a forwarded command's entry (the forwarder reads it when its
+    replica received that entry inside a snapshot and computed none)."""
+    doc: list[Any]
+    if isinstance(reply, Ok):
+        doc = ["ok"]
+    elif isinstance(reply, ExchangeDeclareOk):
+        doc = ["x", _rec(reply.record), reply.created]
+    elif isinstance(reply, QueueDeclareOk):
+        doc = ["q", _rec(reply.record), reply.created]
+    elif isinstance(reply, QueueDeleteOk):
+        doc = ["d", None if reply.record is None else _rec(reply.record)]
+    elif isinstance(reply, MetadataError):
+        doc = ["e", reply.code, reply.text]
+    else:
+        raise TypeError(f"not a metadata reply: {reply!r}")
+    out: bytes = msgpack.packb(doc, use_bin_type=True, default=_default_hook)
+    return out
+
+
+def reply_from_bytes(data: bytes) -> Reply:
+    """Inverse of `reply_to_bytes`; SnapshotError for anything else."""
+    try:
+        doc = msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+        kind = doc[0]
+        if kind == "ok":
+            return Ok()
+        if kind == "x":
+            return ExchangeDeclareOk(_unrec(ExchangeRecord, doc[1]), bool(doc[2]))
+        if kind == "q":
+            return QueueDeclareOk(_unrec(QueueRecord, doc[1]), bool(doc[2]))
+        if kind == "d":
+            return QueueDeleteOk(None if doc[1] is None else _unrec(QueueRecord, doc[1]))
+        if kind == "e":
+            return MetadataError(int(doc[1]), str(doc[2]))
+    except (msgpack.UnpackException, ValueError, TypeError, IndexError, KeyError) as e:
+        raise SnapshotError(f"not a metadata reply: {e}") from e
+    raise SnapshotError(f"not a metadata reply: kind {kind!r}")

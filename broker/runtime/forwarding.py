@@ -137,10 +137,15 @@ class Forwarding:
             leader = ""
         return cluster.request(leader, vhost, name, payload)
 
-    async def forward_meta(self, leader: str, payload: bytes) -> int:
-        """A metadata command to the metadata group's leader (MetadataStore)."""
-        result: int = await self.forward(leader, "", META_GROUP, payload)
-        return result
+    async def forward_meta(self, leader: str, payload: bytes) -> tuple[int, bytes | None]:
+        """A metadata command to the metadata group's leader (MetadataStore):
+        the index of its entry and the leader's reply (`md.reply_to_bytes`;
+        None from a leader of an earlier version, which sent the index only)."""
+        result = await self.forward(leader, "", META_GROUP, payload)
+        if isinstance(result, int):
+            return result, None
+        index, reply = result
+        return int(index), None if reply is None else bytes(reply)
 
     # ------------------------------------------------------------ serving as leader
     def submit_as_leader(self, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]:
@@ -160,8 +165,9 @@ class Forwarding:
             def done(f: asyncio.Future[Any]) -> None:
                 if f.cancelled() or f.exception() is not None:
                     out.set_exception(f.exception() or RuntimeError("cancelled"))
-                else:
-                    out.set_result(index)
+                else:  # the reply too: the forwarder's replica may not compute it
+                    reply = f.result()
+                    out.set_result([index, None if reply is None else md.reply_to_bytes(reply)])
             fut.add_done_callback(done)
             return out
         q = self.host.registry.queue(vhost, name)

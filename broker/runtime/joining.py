@@ -128,6 +128,9 @@ class Joining:
             rec = meta.state.parameters.get((md.VhostName("/"), CLUSTER_NODES, name))
             if rec is None or rec.value != addr:
                 await meta.execute(md.SetParameter(md.VhostName("/"), CLUSTER_NODES, name, addr))
+                g = meta.group  # (restarted in place meanwhile: the new one)
+                if not g.is_leader:
+                    return  # the joiner asks again, and reaches the leader
             if name not in g.node.config.members:
                 await g.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId(name)))
                 log.info("node %s: admitted %s to the cluster", self.host.node_name, name)

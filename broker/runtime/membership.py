@@ -421,6 +421,8 @@ class Membership:
         deadline = time.monotonic() + timeout
         why = ""
         while g.is_leader or g.leader is None:
+            if g.stopped is not None:
+                raise MembershipError(503, f"the metadata store on this node stopped: {g.stopped}")
             if g.is_leader and g.node.transferee is None:
                 try:  # refused while the target catches up: retried
                     g.node.transfer_leadership(voters[0])

@@ -58,7 +58,7 @@ class MetadataStore:
         send: Callable[[str, Any], None],
         raft_config: RaftConfig,
         on_effects: Callable[[list[Any]], None],
-        forward: Callable[[str, bytes], Awaitable[int]] | None = None,
+        forward: Callable[[str, bytes], Awaitable[tuple[int, bytes | None]]] | None = None,
         learner: bool = False,
         on_cluster_node: Callable[[str, str], None] | None = None,
         default_user: str = "guest",
@@ -78,7 +78,7 @@ class MetadataStore:
         self.replies: OrderedDict[int, Any] = OrderedDict()
         self._index_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._default = (default_user, default_pass, default_vhost)
-        self.state = md.new_state()
+        self._state = md.new_state()  # the machine's (see `state`)
         #: entries up to this index were applied (and their effects handed to
         #: the node) by a group this one replaced (`restart_stopped`)
         self._effects_done_upto = 0
@@ -90,7 +90,15 @@ class MetadataStore:
         # and takes the configuration from the leader's log.
         self.group = self._new_group(
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)))
-        self.bootstrapped = bool(self.state.vhosts)
+        self.bootstrapped = bool(self._state.vhosts)
+
+    @property
+    def state(self) -> md.MetadataState:
+        """What readers see (routing, permissions, the registry, the API):
+        the replica's state; while a group restarted in place replays up to
+        what the node had applied (`_acted`), that state, never an older one."""
+        acted = self._acted
+        return self._state if acted is None else acted
 
     def _new_group(self, bootstrap: Membership) -> RaftGroup:
         return RaftGroup(
@@ -120,27 +128,29 @@ class MetadataStore:
         log.warning("metadata: restarting the group stopped by %s (applied %d)", g.stopped,
                     g.applied_index)
         self.restart_gate.attempt()
-        old_state = self._acted if self._acted is not None else self.state
+        saved = (self._state, self._acted, self._effects_done_upto)
+        acted = self.state
         old_applied = max(g.applied_index, self._effects_done_upto)
         bootstrap = g.storage.bootstrap
         g.close("the metadata group is restarting")
         glog.close()
-        self.glog = storage.open_group(META_GROUP)
-        self._effects_done_upto, self._acted = old_applied, old_state
-        snap = self.glog.snapshot_meta()
-        # From the log alone, as a process restart: the log's snapshot (if
-        # any) is restored by the new group, its entries replayed over it.
-        self.state = md.new_state()
-        self.group = self._new_group(bootstrap)
-        # Readers (routing, permissions) must not see the empty state: the
-        # committed entries are replayed now.
-        self.group.process_now()
-        if snap is not None and snap.index > old_applied:
-            # a snapshot installed from the leader and saved before the old
-            # group stopped, but never restored by it
-            self._acted = None
-            self._on_effects(md.effects_between(old_state, self.state))
-        return self.group
+        try:
+            self.glog = storage.open_group(META_GROUP)
+            self._effects_done_upto, self._acted = old_applied, acted
+            # From the log alone, as a process restart: the log's snapshot
+            # (if any) is restored by the new group (`restore`), its entries
+            # replayed over it, at once.
+            self._state = md.new_state()
+            group = self._new_group(bootstrap)
+        except Exception:
+            # the old group stays, stopped, and readers keep what they saw;
+            # tried again after the back-off
+            self._state, self._acted, self._effects_done_upto = saved
+            self.glog = glog
+            raise
+        self.group = group
+        group.process_now()
+        return group
 
     # ------------------------------------------------------------- commands
     async def execute(self, cmd: Any) -> Any:
@@ -150,20 +160,14 @@ class MetadataStore:
         payload = wire.pack(wire.encode_meta_command(cmd))
         if self.group.is_leader or self._forward is None:
             return await self.group.propose(payload)
-        index = await self._forward(self.group.leader or "", payload)
+        index, leader_reply = await self._forward(self.group.leader or "", payload)
         await self.wait_applied(index)
-        if index in self.replies:
-            return self.replies[index]
-        # The entry reached this replica inside the leader's snapshot, so no
-        # reply was computed here: run it again. Metadata commands are
-        # idempotent (a declaration finds what it declared, a deletion finds
-        # nothing to delete), and it is at most once more.
-        log.info("metadata: entry %d arrived in a snapshot; %s runs again", index, type(cmd).__name__)
-        if self.group.is_leader or self._forward is None:
-            return await self.group.propose(payload)
-        index = await self._forward(self.group.leader or "", payload)
-        await self.wait_applied(index)
-        return self.replies.get(index)
+        reply = self.replies.get(index)
+        if reply is None and leader_reply is not None:
+            # Its entry reached this replica inside the leader's snapshot (or
+            # is no longer among the replies kept): the leader's reply.
+            reply = md.reply_from_bytes(leader_reply)
+        return reply
 
     async def wait_applied(self, index: int) -> None:
         if self.group.applied_index >= index:
@@ -175,8 +179,8 @@ class MetadataStore:
     # ------------------------------------------------------------- Machine
     def apply(self, index: int, term: int, timestamp_ms: int, command: Any) -> Any:
         cmd = wire.decode_meta_command(wire.unpack(command))
-        self.state, reply, effects = md.apply(md.CommandMeta(index, timestamp_ms), cmd, self.state)
-        if isinstance(cmd, md.Bootstrap) or self.state.vhosts:
+        self._state, reply, effects = md.apply(md.CommandMeta(index, timestamp_ms), cmd, self._state)
+        if isinstance(cmd, md.Bootstrap) or self._state.vhosts:
             self.bootstrapped = True
         if index >= self._effects_done_upto:
             self._acted = None  # replayed up to what the node acted on
@@ -201,21 +205,26 @@ class MetadataStore:
         return Cursor.RELEASE
 
     def snapshot(self, index: int) -> MachineSnapshot:
-        return MachineSnapshot(md.to_bytes(self.state), index + 1)
+        return MachineSnapshot(md.to_bytes(self._state), index + 1)
 
     def restore(self, data: bytes, installed: bool) -> None:
-        old, self.state = self.state, md.from_bytes(data)
-        if installed:  # the leader's, over this replica's state: it skipped entries
-            self.bootstrapped = bool(self.state.vhosts)
-            # The node acted on every entry up to `_effects_done_upto`: after
-            # a restart in place, from the state it acted on, and only beyond.
-            if self.state.last_applied > self._effects_done_upto:
-                effects = md.effects_between(old if self._acted is None else self._acted, self.state)
+        old, self._state = self._state, md.from_bytes(data)
+        # Effects: for the leader's snapshot installed over this replica
+        # (it jumped over entries), and for a log's own snapshot newer than
+        # what the node acted on (one installed and saved just before the
+        # group stopped, restored by the group restarted in place). Only
+        # beyond what the node acted on, from the state it acted on.
+        if installed or self._acted is not None:
+            self.bootstrapped = bool(self._state.vhosts)
+            if self._state.last_applied > self._effects_done_upto:
+                base = old if self._acted is None else self._acted
                 self._acted = None
+                effects = md.effects_between(base, self._state)
                 if effects:
                     self._on_effects(effects)
+        if installed:
             self._announce_nodes()
-            self._applied_upto(self.state.last_applied)
+            self._applied_upto(self._state.last_applied)
 
     def snapshot_for_follower(self, data: bytes, index: int) -> bytes:
         return data
@@ -224,7 +233,7 @@ class MetadataStore:
         """Tell the node every cluster node's address recorded in the metadata."""
         if self._on_cluster_node is None:
             return
-        for (_vhost, component, name), p in list(self.state.parameters.items()):
+        for (_vhost, component, name), p in list(self._state.parameters.items()):
             if component == CLUSTER_NODES and isinstance(p.value, str):
                 self._on_cluster_node(name, p.value)
 

@@ -410,6 +410,9 @@ class Node:
                         meta_group = self.meta.restart_stopped(self.storage)
                         if meta_group is not None:
                             self.registry.groups[META_GROUP] = meta_group
+                except Exception:  # noqa: BLE001 - housekeeping goes on
+                    log.exception("restarting the metadata group failed")
+                try:
                     self.registry.restart_stopped()
                 except Exception:  # noqa: BLE001 - housekeeping goes on
                     log.exception("restarting stopped members failed")

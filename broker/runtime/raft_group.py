@@ -389,12 +389,21 @@ class RaftGroup:
         return fut
 
     def propose_conf(self, cc: Any) -> asyncio.Future[Any]:
-        """Propose a membership change; the future resolves once it is applied."""
+        """Propose a membership change; the future resolves once it is applied.
+        Raises ProposalFailed on a stopped or closed member (its waiters
+        would never be resolved)."""
+        self._check_open()
         index = self.node.propose_conf_change(cc)
         fut: asyncio.Future[Any] = self._loop.create_future()
         self._add_waiter(index, self.node.term, fut)
         self._kick()
         return fut
+
+    def _check_open(self) -> None:
+        if self.stopped is not None:
+            raise ProposalFailed(f"group {self.group_id} stopped: {self.stopped}")
+        if self.closed:
+            raise ProposalFailed(f"group {self.group_id} is closed")
 
     def _add_waiter(self, index: int, term: int, fut: asyncio.Future[Any]) -> None:
         """Invariant: every waiter ends, resolved by the entry it proposed
@@ -413,6 +422,7 @@ class RaftGroup:
 
     def propose_nowait(self, payload: Any) -> int:
         """Propose without waiting for the reply (the effects carry the result)."""
+        self._check_open()
         data = packb([self._clock_ms(), payload])
         index = self.node.propose(data)
         self._kick()

@@ -34,7 +34,7 @@ class FakeGroup:
     def propose_indexed(self, payload: Any) -> tuple[int, asyncio.Future[Any]]:
         self.proposed.append(payload)
         fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
+        fut.set_result(md.Ok())  # the machine's reply
         return 41 + len(self.proposed), fut
 
 
@@ -166,7 +166,8 @@ def test_serving_as_leader_only_where_this_node_leads() -> None:
         with pytest.raises(NotLeaderHere):
             node.forwarding.submit_as_leader("", META_GROUP, b"cmd")
         node.meta_group.leader = "a"
-        assert await node.forwarding.submit_as_leader("", META_GROUP, b"cmd") == 42  # its index
+        # its index, and the reply (the forwarder's replica may not compute it)
+        assert await node.forwarding.submit_as_leader("", META_GROUP, b"cmd") == [42, md.reply_to_bytes(md.Ok())]
         q = FakeQuorumQueue(node, "l", "a")
         node.registry.queues[("/", "l")] = q
         assert await node.forwarding.submit_as_leader("/", "l", ["x"]) == ("applied", ["x"])

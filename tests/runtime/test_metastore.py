@@ -38,12 +38,12 @@ class Replica:
             if name not in cut and dst not in cut and dst in net:
                 loop.call_soon(net[dst].step, msg)
 
-        async def to_leader(leader: str, payload: bytes) -> int:
+        async def to_leader(leader: str, payload: bytes) -> tuple[int, bytes | None]:
             # the forwarding peer call, in process (it reaches the leader
-            # even while this replica's Raft traffic is cut)
+            # even while this replica's Raft traffic is cut), answered as
+            # Forwarding._lead answers it: the index and the leader's reply
             index, fut = net[leader].store.group.propose_indexed(payload)
-            await fut
-            return index
+            return index, md.reply_to_bytes(await fut)
 
         self.store = MetadataStore(name, self.mgr.open_group(META_GROUP), NAMES, send,
                                    RaftConfig(election_tick=10), self.effects.extend,
@@ -135,9 +135,10 @@ async def test_a_forwarded_command_whose_entry_arrives_in_a_snapshot_still_gets_
         tmp_path: Path) -> None:
     """c forwards a declaration to the leader while c's Raft traffic is cut;
     the leader commits it and compacts past it, so c receives it inside the
-    leader's snapshot and computes no reply for it. The declaration runs
-    again (a declaration is idempotent) and the caller gets the reply, not
-    None (which the AMQP layer answered with 541)."""
+    leader's snapshot and computes no reply for it. The caller gets the
+    leader's reply, not None (which the AMQP layer answered with 541), and
+    the command is not run a second time (a second DeleteQueue would delete
+    a queue declared again in between)."""
     net, cut = await _cluster([tmp_path / n for n in NAMES], forward=True)
     try:
         lead = await _leader(net, NAMES)
@@ -155,8 +156,9 @@ async def test_a_forwarded_command_whose_entry_arrives_in_a_snapshot_still_gets_
         await _until(pending.done, net, "the forwarded declaration returned")
         reply = pending.result()
         assert isinstance(reply, md.QueueDeclareOk), reply
-        assert reply.record.name == "fwd" and not reply.created  # the second run found it
+        assert reply.record.name == "fwd" and reply.created  # its one run created it
         assert ("/", "fwd") in c.store.state.queues
+        assert lead.declared().count("fwd") == 1
     finally:
         for r in net.values():
             r.close()
@@ -211,9 +213,22 @@ async def test_a_replica_stopped_by_a_full_disk_restarts_in_place_and_acts_once(
         assert c.store.restart_stopped(c.mgr) is None  # backing off
         filler.unlink()
         c.store.restart_gate.reopen()  # the back-off is over
+        # a restart that fails half-way (e.g. EIO reading the log) leaves
+        # the stopped group in place and what readers saw, and is tried again
+        seen = c.store.state
+        real_new_group = c.store._new_group
+
+        def broken(bootstrap: Any) -> Any:
+            raise st.StorageIOError(5, "EIO reading the log")
+        c.store._new_group = broken  # type: ignore[method-assign]
+        with pytest.raises(st.StorageIOError):
+            c.store.restart_stopped(c.mgr)
+        c.store._new_group = real_new_group  # type: ignore[method-assign]
+        assert c.store.group is retry and c.store.state is seen and ("/", "before") in seen.queues
+        c.store.restart_gate.reopen()
         new_group = c.store.restart_stopped(c.mgr)
         assert new_group is not None and new_group is not retry and c.store.group is new_group
-        assert c.store.restart_gate.attempts == 2
+        assert c.store.restart_gate.attempts == 3
         # replayed before anything could read it: no empty state in between
         assert ("/", "before") in c.store.state.queues and "/" in c.store.state.vhosts
         await _until(lambda: c.store.group.applied_index >= lead.store.group.applied_index, net,

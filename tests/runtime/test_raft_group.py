@@ -236,6 +236,17 @@ async def test_unexpected_error_while_applying_stops_the_group_and_fails_its_wai
         assert not m.group.is_leader
         with pytest.raises(Exception, match="stopped"):
             m.group.propose("after")
+        # nor any other proposal: its waiter would never be resolved
+        from broker.raft import ConfChange, ConfChangeKind, NodeId
+        from broker.runtime.raft_group import ProposalFailed
+        with pytest.raises(ProposalFailed, match="stopped"):
+            m.group.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")))
+        with pytest.raises(ProposalFailed, match="stopped"):
+            m.group.propose_nowait("after")
+        m.group.stopped = None
+        m.group.close("member removed")  # a closed member refuses too
+        with pytest.raises(ProposalFailed, match="closed"):
+            m.group.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")))
     finally:
         m.close()
 
