@@ -339,8 +339,10 @@ def test_users_vhosts_and_permissions_are_edited_on_the_admin_page(
     page.get_by_label("New password").fill("second-pw")
     page.get_by_role("button", name="Save user").click()
     expect(page.locator("#notice")).to_contain_text("User 'ui-alice' saved.")
+    # (the notice of the previous save may still show: wait for this one's effect)
+    wait_for(lambda: api.as_user("ui-alice", "second-pw").get("/api/whoami")[0] == 200,
+             what="the new password in force")
     assert api.as_user("ui-alice", "first-pw").get("/api/whoami")[0] == 401
-    assert api.as_user("ui-alice", "second-pw").get("/api/whoami")[0] == 200
 
     # a virtual host
     page.get_by_label("Virtual host name").fill("ui-vh")
