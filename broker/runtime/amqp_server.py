@@ -263,10 +263,6 @@ class AmqpConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         self.flush_scheduled = False
-        if self.settles_dirty and "write" not in self.holds:
-            dirty, self.settles_dirty = self.settles_dirty, set()
-            for ch in dirty:
-                ch.flush_settles()
         if self.confirms_dirty:
             dirty2, self.confirms_dirty = self.confirms_dirty, set()
             for ch in dirty2:
@@ -277,6 +273,15 @@ class AmqpConnection(asyncio.Protocol):
         if self.out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self.out))
         self.out.clear()
+        # Settles go after the write: those of no-ack deliveries renew the
+        # consumer's credit, so they wait while the write just made left the
+        # transport's buffer full (pause_writing holds "write"); sent before
+        # it, a whole batch more than the credit could pile up for a client
+        # that stopped reading.
+        if self.settles_dirty and "write" not in self.holds:
+            dirty, self.settles_dirty = self.settles_dirty, set()
+            for ch in dirty:
+                ch.flush_settles()
 
     def hold(self, why: str) -> None:
         """Stop reading the socket for `why` (reading resumes once every hold is released)."""
