@@ -683,8 +683,18 @@ class Channel:
         self._return_all_unacked()
 
     def _return_all_unacked(self) -> None:
-        groups = group_by_consumer(self.unacked.values())
-        self.unacked.clear()
+        """basic.recover: every unacked message goes back to its queue, but
+        those an open transaction acked stay, for its commit to settle (as
+        RabbitMQ, which takes them out of the unacked set at the ack)."""
+        claimed = self.tx_claimed
+        if claimed:
+            kept = {t: d for t, d in self.unacked.items() if t in claimed}
+            groups = group_by_consumer(d for t, d in self.unacked.items() if t not in claimed)
+            self.unacked.clear()
+            self.unacked.update(kept)
+        else:
+            groups = group_by_consumer(self.unacked.values())
+            self.unacked.clear()
         for (uid, cid), ids in groups.items():
             self.node.commands.queue_command_reliable(
                 uid, qm.Return(cid, tuple(ids)), partial(self._forget_outstanding, cid, ids))

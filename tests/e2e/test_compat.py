@@ -903,6 +903,30 @@ def s_bad_acks(port: int) -> dict[str, Any]:
     return r
 
 
+def s_recover_in_tx(port: int) -> dict[str, Any]:
+    """basic.recover inside an open transaction returns the channel's
+    unacked messages, but not those the transaction already acked (they
+    are settled by its commit), as RabbitMQ does."""
+    conn = connect(port)
+    ch = conn.channel()
+    fresh(ch, "rt-q", QQ)
+    ch.confirm_delivery()
+    for i in range(3):
+        ch.basic_publish("", "rt-q", b"r%d" % i)
+    c = conn.channel()
+    tags = [c.basic_get("rt-q")[0].delivery_tag for _ in range(3)]
+    c.tx_select()
+    c.basic_ack(tags[0])
+    c.basic_recover(requeue=True)
+    r: dict[str, Any] = {"ready_after_recover": wait_count(ch, "rt-q", 2)}
+    c.tx_commit()
+    r["bodies"] = sorted(b for b, _, _ in drain_get(ch, "rt-q"))
+    r["ready_end"] = wait_count(ch, "rt-q", 0)
+    ch.queue_delete("rt-q")
+    conn.close()
+    return r
+
+
 def s_consumer_priority(port: int) -> dict[str, Any]:
     conn = connect(port)
     ch = conn.channel()
@@ -1103,6 +1127,7 @@ SCENARIOS = {s.fn.__name__[2:]: s for s in [
     Scenario(s_cancel_notify),
     Scenario(s_transactions),
     Scenario(s_bad_acks),
+    Scenario(s_recover_in_tx),
     Scenario(s_consumer_priority),
     Scenario(s_prefetch_per_consumer),
     Scenario(s_delivery_limit, _delivery_limit_to_4x),
