@@ -350,6 +350,8 @@ class Registry:
                         "is of the one declared at %d)", record.vhost, record.name,
                         running.uid[2], record.created_at)
             return
+        self._restarts.pop((record.vhost, record.name), None)
+        self._start_again.discard((record.vhost, record.name))
         q = self.queues.pop((record.vhost, record.name), None)
         if q is None:
             if self.failed_members.pop((record.vhost, record.name), None) is not None and \
