@@ -156,7 +156,11 @@ class Registry:
         try:
             config = self.config_for(record)
         except qm.QueueArgumentError as exc:
+            # Reported like a member that cannot start; a proxy keeps the
+            # queue reachable from this node (its leader may run elsewhere).
             log.error("queue %s/%s: invalid configuration: %s", record.vhost, record.name, exc)
+            self.failed_members[key] = f"{type(exc).__name__}: {exc}"
+            self.queues[key] = self._proxy(record)
             return
         q: QueueProcess
         storage = self.host.storage

@@ -166,6 +166,21 @@ def test_the_deletion_of_an_earlier_incarnation_leaves_the_queue_declared_since(
     run(body, storage)
 
 
+def test_a_member_whose_configuration_is_invalid_is_reported_and_kept_reachable_by_a_proxy(
+        storage: st.LogManager) -> None:
+    """Arguments the queue machine refuses (here one no declaration would
+    have passed; a policy could do it): the member cannot start, which the
+    health check reports, and a proxy keeps the queue reachable from here
+    (it had no process at all: its clients got 404)."""
+    async def body(node: FakeNode) -> None:
+        bad = md.freeze_table({"x-queue-type": "quorum", "x-max-length": "lots"})
+        declare(node, "bad", ("a", "b", "c"), arguments=bad)
+        reg = node.registry
+        assert isinstance(reg.queue("/", "bad"), RemoteQueue)
+        assert "x-max-length" in reg.failed_members[("/", "bad")]
+    run(body, storage)
+
+
 def test_a_member_whose_storage_fails_is_reported_and_replaced_by_a_proxy(
         storage: st.LogManager, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(gid: str) -> Any:
