@@ -7,7 +7,7 @@ queues declared meanwhile would have no member or proxy on its node, the
 deleted ones would keep running there. `effects_between(old, new)` are the
 effects that bring a runtime which acted on everything up to `old` to where
 it would be had it applied every entry up to `new`: for the queues, their
-members and their effective policies, which is what the runtime acts on.
+members and the policies that apply to them, which is what the runtime acts on.
 Users and vhosts that disappeared are reported too. Exchanges and bindings
 have no runtime outside the state (routing reads the state), so none.
 
@@ -27,7 +27,7 @@ from .commands import (
     VhostAdded,
     VhostDeleted,
 )
-from .policies import effective_definition
+from .policies import queue_operator_policy, queue_policy
 from .state import MetadataState, QueueKey
 
 
@@ -57,7 +57,11 @@ def effects_between(old: MetadataState, new: MetadataState) -> list[Effect]:
             continue
         if o.members != n.members:
             out.append(MembersChanged(n.vhost, n.name, o.members, n.members))
-        if effective_definition(old, o) != effective_definition(new, n):
+        # (the machine's own test for PolicyChanged: which policy and which
+        # operator policy apply, the records the runtime parses the queue's
+        # configuration from)
+        if (queue_policy(old, o), queue_operator_policy(old, o)) \
+                != (queue_policy(new, n), queue_operator_policy(new, n)):
             policy.append(key)
     if policy:
         out.append(PolicyChanged(tuple(policy)))

@@ -1,7 +1,7 @@
 """effects_between(old, new) against replaying the entries between them: a
 runtime that acted on every effect up to `old` and then on the diff runs the
 same queues, with the same members, as one that acted on every entry's
-effects; and it pushes policies only to queues whose effective policy changed."""
+effects; and it pushes policies only to queues whose applying policy changed."""
 from __future__ import annotations
 
 from typing import Any
@@ -26,9 +26,10 @@ from broker.metadata import (
     UserDeleted,
     VhostAdded,
     VhostDeleted,
-    effective_definition,
     effects_between,
     from_bytes,
+    queue_operator_policy,
+    queue_policy,
     to_bytes,
 )
 from broker.metadata.commands import DeleteUser
@@ -100,9 +101,13 @@ def test_the_diff_converges_like_replaying_the_entries(before: list[Any], betwee
     _act(jumped, diff, diff_pushed)
     assert jumped == _running(new) == replayed
     # policies: pushed exactly to the queues (of the same incarnation at both
-    # ends) whose effective policy differs, each of which replaying pushed too
+    # ends) whose applying policy or operator policy differs, each of which
+    # replaying pushed too
     same = [k for k, q in new.queues.items() if k in old.queues and old.queues[k].created_at == q.created_at]
-    changed = {k for k in same if effective_definition(old, old.queues[k]) != effective_definition(new, new.queues[k])}
+
+    def applying(state: Any, q: Any) -> Any:
+        return queue_policy(state, q), queue_operator_policy(state, q)
+    changed = {k for k in same if applying(old, old.queues[k]) != applying(new, new.queues[k])}
     assert diff_pushed == changed
     assert changed <= replay_pushed
     # vhosts and users that went away are reported; nothing for no change
