@@ -92,15 +92,20 @@ def cluster(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
         yield c
 
 
-def _drain(ch: Any, queue: str) -> list[int]:
-    """basic.get (and ack) until empty: the numbers Publisher sent."""
-    got: list[int] = []
+def _bodies(ch: Any, queue: str) -> list[bytes]:
+    """basic.get (and ack) until empty."""
+    out: list[bytes] = []
     while True:
         method, _props, body = ch.basic_get(queue)
         if method is None:
-            return got
+            return out
         ch.basic_ack(method.delivery_tag)
-        got.append(int(body[: len(body) // 100]))
+        out.append(body)
+
+
+def _drain(ch: Any, queue: str) -> list[int]:
+    """basic.get (and ack) until empty: the numbers Publisher sent."""
+    return [int(body[: len(body) // 100]) for body in _bodies(ch, queue)]
 
 
 def _fill_to(mnt: Path, free_left: int) -> Path:
@@ -294,13 +299,3 @@ def test_the_metadata_store_stopped_by_a_full_disk_starts_again_and_catches_up(
     got = sorted(int(b) for b in _bodies(setup.channel(), "while-q"))
     setup.close()
     assert got == list(range(50))
-
-
-def _bodies(ch: Any, queue: str) -> list[bytes]:
-    out: list[bytes] = []
-    while True:
-        method, _props, body = ch.basic_get(queue)
-        if method is None:
-            return out
-        ch.basic_ack(method.delivery_tag)
-        out.append(body)
