@@ -183,7 +183,16 @@ class Membership:
         """Propose a single-server change on the leader and return the
         configuration once it is committed. A change that committed though
         its answer was lost (the leader changed, a retry is refused as
-        already done) counts as done: the leader's configuration says so."""
+        already done) counts as done: the leader's configuration says so.
+        Refused (503) while this node's metadata group is stopped (a failed
+        write; it restarts by itself): the change could be made in Raft but
+        not recorded, leaving the two disagreeing."""
+        stopped = self.node.meta.group.stopped
+        if stopped is not None:
+            raise MembershipError(503, f"the metadata store on node '{self.node.node_name}' is "
+                                       f"stopped ({stopped}): a membership change made here could "
+                                       "not be recorded; retry once it has restarted, or through "
+                                       "another node")
         result = await self._leader_call(r.vhost, r.name, ["M", op, node_name])
         if isinstance(result, Refused):
             cfg = await self.raft_config(r.vhost, r.name)
