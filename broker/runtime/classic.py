@@ -264,15 +264,13 @@ class DurableClassicQueue(QueueProcess):
             index = self._next
             try:
                 self.glog.append([st.Entry(index, TERM, data, 0)])
-            except st.LogGapError as exc:
-                # storage dropped a failed batch before its on_error reached us
+            except (st.LogGapError, st.StorageIOError) as exc:
+                # storage dropped a failed batch before its on_error reached
+                # us (the log refuses to build on it: StorageIOError, see
+                # GroupLog.wal_failed): resync to what is durable, try once more
                 self._write_failed(exc)
                 if attempt == 0:
                     continue
-                self._fail(payload, fut, exc)
-                return fut
-            except st.StorageIOError as exc:
-                self._write_failed(exc)
                 self._fail(payload, fut, exc)
                 return fut
             except st.StorageError as exc:

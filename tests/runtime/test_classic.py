@@ -204,6 +204,32 @@ async def test_a_failed_write_nacks_the_publish_and_changes_nothing(tmp_path: Pa
     rig.close()
 
 
+async def test_an_append_refused_over_a_dropped_batch_is_tried_once_more(tmp_path: Path) -> None:
+    """A WAL batch failed and its on_error has not reached the queue yet: the
+    log refuses an append that builds on what it dropped (StorageIOError,
+    GroupLog.wal_failed). The queue resyncs to what is durable and tries
+    once more, as it did when that refusal was a LogGapError."""
+    rig = Rig(tmp_path / "node")
+    q = rig.open()
+    failing = _FailingLog(q.glog)
+    q.glog = failing  # type: ignore[assignment]
+    failing.full = True
+    real_append = failing.append
+
+    def once(entries: Any) -> None:
+        failing.full = False  # refused this once
+        failing.append = real_append  # type: ignore[method-assign]
+        raise st.StorageIOError(errno.ENOSPC, "append at 2 needs writes that failed")
+    failing.append = once  # type: ignore[method-assign]
+    assert await _enqueue(q, 1, PERSISTENT, b"a") == qm.EnqueueResult.ACCEPTED
+    assert q.state.messages_total() == 1
+    q.glog = failing._glog
+    rig.close()
+    q = rig.open()
+    assert _bodies(q) == [b"a"]
+    rig.close()
+
+
 @pytest.mark.root
 async def test_enospc_on_a_real_full_disk_never_confirms_and_recovers(tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
