@@ -119,12 +119,8 @@ class MetadataStore:
         g, glog = self.group, self.glog
         if not isinstance(g.stopped, st.StorageIOError) or not self.restart_gate.due():
             return None
-        try:
-            if glog.failed is not None or glog.last_index() != glog.durable_index() \
-                    or glog.hard_state() != glog.durable_hard_state():
-                return None  # unusable, or the old group's write still in flight
-        except st.StorageError:
-            return None
+        if not glog.settled():
+            return None  # unusable, or the old group's write still in flight
         log.warning("metadata: restarting the group stopped by %s (applied %d)", g.stopped,
                     g.applied_index)
         self.restart_gate.attempt()

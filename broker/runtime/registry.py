@@ -235,12 +235,8 @@ class Registry:
             if not gate.due():
                 continue
             glog = q.glog
-            try:
-                if glog.failed is not None or glog.last_index() != glog.durable_index() \
-                        or glog.hard_state() != glog.durable_hard_state():
-                    continue  # unusable, or the old member's write still in flight
-            except st.StorageError:
-                continue
+            if not glog.settled():
+                continue  # unusable, or the old member's write still in flight
             record = self.queue_record(*key)
             if record is None or me not in record.members:
                 continue

@@ -300,6 +300,16 @@ class GroupLog:
         """The error that stopped this group, if any."""
         return self._failed
 
+    def settled(self) -> bool:
+        """Usable, and nothing written is still on its way to disk (every
+        entry and the hard state set are durable): what a member stopped by
+        a failed write waits for before a new one starts over this handle
+        (the runtime's restart of queue members and of the metadata group)."""
+        with self._lock:
+            if self._closed or self._node.closed or self._failed is not None:
+                return False
+            return self._last_index_locked() == self._durable and self._hs == self._durable_hs
+
     @property
     def io_failed(self) -> bool:
         """A WAL write of this group failed since it was opened (its

@@ -524,3 +524,39 @@ def test_first_roll_over_is_staggered_between_half_and_full_size(tmp_path: Path)
     plain = wal_bytes_until_first_roll_over(False, tmp_path / "b")
     assert 4096 - 16 <= staggered < 4096 + 300
     assert 8192 - 16 <= plain < 8192 + 300
+
+
+def test_settled_says_whether_anything_written_is_still_on_its_way(tmp_path: Path) -> None:
+    """GroupLog.settled(): usable and every entry and the hard state set
+    durable (what a restart over the handle waits for). Here the writer is
+    held in another group's callback, so what `a` writes stays in flight."""
+    gate, in_callback = threading.Event(), threading.Event()
+
+    def blocking(group: str, index: int, term: int) -> None:
+        in_callback.set()
+        gate.wait(10)
+
+    durable = Durable()
+    with manager(tmp_path, durable=durable) as m:
+        a = m.open_group("a", on_durable=durable.on_durable)
+        blocker = m.open_group("blocker", on_durable=blocking)
+        assert a.settled()  # empty: nothing to wait for
+        a.append(entries("a", 1, 3, 1))
+        assert durable.wait_index("a", 2) and a.settled()
+        blocker.append(entries("blocker", 1, 2, 1))
+        assert in_callback.wait(10)  # the writer is now stuck in `blocking`
+        a.append(entries("a", 3, 4, 1))
+        assert not a.settled()  # entry 3 in flight
+        gate.set()
+        assert durable.wait_index("a", 3) and a.settled()
+        in_callback.clear()
+        gate.clear()
+        blocker.append(entries("blocker", 2, 3, 1))
+        assert in_callback.wait(10)
+        a.set_hard_state(HardState(2, "n1", 3))
+        assert not a.settled()  # the hard state in flight
+        gate.set()
+        m.sync()
+        assert a.settled()
+        a.close()
+        assert not a.settled()  # closed: not usable
