@@ -33,6 +33,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, Protocol
 
 from broker import metadata as md
@@ -40,6 +41,7 @@ from broker import queue as qm
 from broker import storage as st
 
 from . import wire
+from .background import log_failure
 from .backoff import Backoff
 from .dead_letter import dead_letter_message, dl_cycle
 from .errors import ChannelError, QueueGone
@@ -185,7 +187,8 @@ class Commands:
                     continue
                 try:
                     fut = target.enqueue(None, 0, props, body, exchange, rk, priority, None)
-                    fut.add_done_callback(_log_failure)
+                    fut.add_done_callback(partial(log_failure, f"dead letter to {qname}",
+                                                  logging.DEBUG))
                 except Exception as exc:
                     log.warning("dead letter to %s failed: %s", qname, exc)
 
@@ -242,7 +245,3 @@ class _ReliableCommand:
             return
         asyncio.get_running_loop().call_later(self.backoff.next(), self.submit)
 
-
-def _log_failure(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.debug("queue command failed: %s", fut.exception())

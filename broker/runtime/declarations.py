@@ -18,15 +18,16 @@ May import: the pure cores, placement.
 """
 from __future__ import annotations
 
-import asyncio
+import logging
 import os
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sized
+from collections.abc import Collection, Mapping, Sized
 from typing import Any, Protocol
 
 from broker import metadata as md
 from broker import queue as qm
 from broker.common.config import Config
 
+from .background import spawn
 from .placement import place
 
 
@@ -162,28 +163,17 @@ class Declarations:
         # RabbitMQ deletes an auto-delete queue when its last consumer goes,
         # never before it had one.
         if q.had_consumer:
-            _spawn(self.maybe_auto_delete(q))
+            spawn(self.maybe_auto_delete(q), "auto-delete check", logging.WARNING)
 
     def connection_closed(self, conn_id: str) -> None:
         """Exclusive queues of a closed connection are deleted."""
         if any(r.exclusive_owner == conn_id for r in self.host.meta_state.queues.values()):
-            _spawn(self.host.meta_execute(md.DeleteExclusiveQueues(conn_id)))
+            spawn(self.host.meta_execute(md.DeleteExclusiveQueues(conn_id)),
+                  "deleting exclusive queues", logging.WARNING)
 
     def queue_expired(self, vhost: str, name: str) -> None:
-        _spawn(self.host.meta_execute(md.DeleteQueue(md.VhostName(vhost), md.QueueName(name))))
-
-
-_background: set[asyncio.Future[Any]] = set()
-
-
-def _spawn(coro: Coroutine[Any, Any, object],
-           done: Callable[[asyncio.Future[Any]], None] | None = None) -> None:
-    """Run a metadata command in the background (kept referenced until done)."""
-    fut = asyncio.ensure_future(coro)
-    _background.add(fut)
-    fut.add_done_callback(_background.discard)
-    if done is not None:
-        fut.add_done_callback(done)
+        spawn(self.host.meta_execute(md.DeleteQueue(md.VhostName(vhost), md.QueueName(name))),
+              "deleting an expired queue", logging.WARNING)
 
 
 __all__ = ["Declarations", "DeclarationsHost", "qq_args", "reply_detail"]

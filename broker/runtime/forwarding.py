@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from broker import metadata as md
 
+from .background import spawn
 from .cluster import NotLeaderHere
 from .membership import control as membership_control
 from .metastore import META_GROUP
@@ -239,11 +240,6 @@ class Forwarding:
         me = self.host.node_name
         r = self.host.registry.queue_record(vhost, name)
         if r is not None and (r.leader != me or r.leader_term < term):
-            fut = asyncio.ensure_future(self.host.meta_execute(md.SetQueueLeader(
-                md.VhostName(vhost), md.QueueName(name), md.NodeName(me), term)))
-            fut.add_done_callback(_log_failure)
-
-
-def _log_failure(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.debug("queue command failed: %s", fut.exception())
+            spawn(self.host.meta_execute(md.SetQueueLeader(
+                md.VhostName(vhost), md.QueueName(name), md.NodeName(me), term)),
+                f"recording this node as leader of {vhost}/{name}")

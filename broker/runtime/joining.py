@@ -27,6 +27,7 @@ from broker import metadata as md
 from broker.raft import ConfChange, ConfChangeKind, NodeId
 
 from . import peer_wire as pw
+from .background import spawn
 from .metastore import CLUSTER_NODES
 from .raft_group import RaftGroup
 
@@ -119,7 +120,7 @@ class Joining:
         if self._in_progress.get(name):
             return
         self._in_progress[name] = True
-        asyncio.ensure_future(self._admit(g, name, host, port))
+        spawn(self._admit(g, name, host, port), f"admitting {name}")
 
     async def _admit(self, g: RaftGroup, name: str, host: str, port: int) -> None:
         meta = self.host.meta

@@ -40,6 +40,7 @@ from broker import queue as qm
 from broker import storage as st
 from broker.raft import InvariantViolation, RaftConfig
 
+from .background import spawn
 from .backoff import RestartGate
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
@@ -315,8 +316,8 @@ class Registry:
                 log.warning("queue %s/%s: the metadata no longer lists this node but its Raft "
                             "configuration at %d (the record's is from %d) does: member kept",
                             record.vhost, record.name, raft.config_index, record.members_index)
-                fut = asyncio.ensure_future(self.host.membership.sync_members(record.vhost, record.name))
-                fut.add_done_callback(_log_failure)
+                spawn(self.host.membership.sync_members(record.vhost, record.name),
+                      f"writing the members of {record.vhost}/{record.name} back")
                 return
             q.close()
             self._drop_group(q)
@@ -488,7 +489,3 @@ def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfi
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
     )
 
-
-def _log_failure(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled() and fut.exception() is not None:
-        log.debug("queue command failed: %s", fut.exception())
