@@ -78,7 +78,12 @@ class MetadataStore:
         self.replies: OrderedDict[int, Any] = OrderedDict()
         self._index_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._default = (default_user, default_pass, default_vhost)
-        self._state = md.new_state()  # the machine's (see `state`)
+        self._state = md.new_state()  # the machine's
+        #: what readers see (routing, permissions, the registry, the API):
+        #: the machine's state; while a group restarted in place replays up
+        #: to what the node had applied (`_acted`), that state, never an
+        #: older one (`_show` keeps it so)
+        self.state = self._state
         #: entries up to this index were applied (and their effects handed to
         #: the node) by a group this one replaced (`restart_stopped`)
         self._effects_done_upto = 0
@@ -92,13 +97,9 @@ class MetadataStore:
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)))
         self.bootstrapped = bool(self._state.vhosts)
 
-    @property
-    def state(self) -> md.MetadataState:
-        """What readers see (routing, permissions, the registry, the API):
-        the replica's state; while a group restarted in place replays up to
-        what the node had applied (`_acted`), that state, never an older one."""
+    def _show(self) -> None:
         acted = self._acted
-        return self._state if acted is None else acted
+        self.state = self._state if acted is None else acted
 
     def _new_group(self, bootstrap: Membership) -> RaftGroup:
         return RaftGroup(
@@ -137,11 +138,13 @@ class MetadataStore:
             # (if any) is restored by the new group (`restore`), its entries
             # replayed over it, at once.
             self._state = md.new_state()
+            self._show()
             group = self._new_group(bootstrap)
         except Exception:
             # the old group stays, stopped, and readers keep what they saw;
             # tried again after the back-off
             self._state, self._acted, self._effects_done_upto = saved
+            self._show()
             self.glog = glog
             raise
         self.group = group
@@ -178,8 +181,11 @@ class MetadataStore:
         self._state, reply, effects = md.apply(md.CommandMeta(index, timestamp_ms), cmd, self._state)
         if isinstance(cmd, md.Bootstrap) or self._state.vhosts:
             self.bootstrapped = True
-        if index >= self._effects_done_upto:
-            self._acted = None  # replayed up to what the node acted on
+        acted = self._acted
+        if acted is not None and index >= self._effects_done_upto:
+            self._acted = acted = None  # replayed up to what the node acted on
+        if acted is None:
+            self.state = self._state  # (the node reads it acting on the effects)
             if effects and index > self._effects_done_upto:
                 self._on_effects(list(effects))
         if isinstance(cmd, md.SetParameter) and cmd.component == CLUSTER_NODES:
@@ -205,6 +211,7 @@ class MetadataStore:
 
     def restore(self, data: bytes, installed: bool) -> None:
         old, self._state = self._state, md.from_bytes(data)
+        effects: list[md.Effect] = []
         # Effects: for the leader's snapshot installed over this replica
         # (it jumped over entries), and for a log's own snapshot newer than
         # what the node acted on (one installed and saved just before the
@@ -216,8 +223,9 @@ class MetadataStore:
                 base = old if self._acted is None else self._acted
                 self._acted = None
                 effects = md.effects_between(base, self._state)
-                if effects:
-                    self._on_effects(effects)
+        self._show()
+        if effects:
+            self._on_effects(effects)
         if installed:
             self._announce_nodes()
             self._applied_upto(self._state.last_applied)
