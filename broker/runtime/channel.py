@@ -137,6 +137,8 @@ class ChannelQueues(Protocol):
 
     def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None: ...
 
+    def queue(self, vhost: str, name: str) -> QueueProcess | None: ...
+
     def live_queue(self, uid: QueueUid) -> QueueProcess | None: ...
 
 
@@ -781,7 +783,8 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
-        queues = [q for q in (node.queue(vhost, n) for n in routed) if q is not None]
+        find = node.registry.queue
+        queues = [q for q in (find(vhost, n) for n in routed) if q is not None]
         if not queues:
             if p.mandatory:
                 self.stats.return_unroutable += 1

@@ -141,7 +141,7 @@ class Commands:
     def submit_enqueue(self, uid: QueueUid, payload: list[Any]) -> asyncio.Future[Any]:
         """A publisher session's enqueue, routed by the queue's current process
         (a local leader proposes it, anything else forwards it)."""
-        q = self.live_queue(uid)
+        q = self.host.registry.live_queue(uid)
         if q is None:
             raise QueueGone(f"queue '{uid[1]}' in vhost '{uid[0]}' is gone")
         return q._submit(payload)

@@ -51,6 +51,13 @@ DELIVERY_BATCH_BYTES = 16 * 1024 * 1024
 QueueUid = tuple[str, str, int]
 
 
+class PublishDrain(Protocol):
+    """The node's forwarding (runtime/forwarding.py `Forwarding`), reached
+    directly: a leader's every publish asks it first."""
+
+    def flush_forwarded(self, vhost: str, name: str) -> None: ...
+
+
 class Host(DlxHost, Protocol):
     """What a queue needs from its node (and hands on to its dead-letter
     worker, runtime/dead_letter.py `DlxHost`)."""
@@ -74,7 +81,8 @@ class Host(DlxHost, Protocol):
 
     def leader_elected(self, vhost: str, name: str, term: int) -> None: ...
 
-    def flush_forwarded(self, vhost: str, name: str) -> None: ...
+    @property
+    def forwarding(self) -> PublishDrain: ...
 
     def queue_leader(self, vhost: str, name: str) -> str | None: ...
 
@@ -445,7 +453,7 @@ class QuorumQueue(QueueProcess):
 
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         if self.group.role is Role.LEADER:
-            self.host.flush_forwarded(self.vhost, self.name)  # keep publish order
+            self.host.forwarding.flush_forwarded(self.vhost, self.name)  # keep publish order
             return self.propose(payload)
         return self.host.forward(self.host.queue_leader(self.vhost, self.name) or "", self.vhost,
                                  self.name, payload)

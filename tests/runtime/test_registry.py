@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -79,7 +80,9 @@ class FakeNode:
     def recorded_leader(self, vhost: str, name: str) -> str | None: return None
     def send_deliveries(self, *a: Any) -> None: ...
     def leader_elected(self, vhost: str, name: str, term: int) -> None: ...
-    def flush_forwarded(self, vhost: str, name: str) -> None: ...
+    @property
+    def forwarding(self) -> Any:  # nothing forwarded here to drain
+        return SimpleNamespace(flush_forwarded=lambda vhost, name: None)
     def queue_leader(self, vhost: str, name: str) -> str | None: return None
     def channel_dead(self, channel: str) -> bool: return False
     def channel_gone(self, channel: str) -> bool: return False
