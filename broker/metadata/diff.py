@@ -27,7 +27,7 @@ from .commands import (
     VhostAdded,
     VhostDeleted,
 )
-from .policies import queue_operator_policy, queue_policy
+from .policies import applying
 from .state import MetadataState, QueueKey
 
 
@@ -57,11 +57,7 @@ def effects_between(old: MetadataState, new: MetadataState) -> list[Effect]:
             continue
         if o.members != n.members:
             out.append(MembersChanged(n.vhost, n.name, o.members, n.members))
-        # (the machine's own test for PolicyChanged: which policy and which
-        # operator policy apply, the records the runtime parses the queue's
-        # configuration from)
-        if (queue_policy(old, o), queue_operator_policy(old, o)) \
-                != (queue_policy(new, n), queue_operator_policy(new, n)):
+        if applying(old, o) != applying(new, n):
             policy.append(key)
     if policy:
         out.append(PolicyChanged(tuple(policy)))

@@ -734,7 +734,7 @@ def _policy_snapshot(state: MetadataState, vhost: VhostName) -> dict[QueueName, 
     out: dict[QueueName, tuple[Any, ...]] = {}
     for (v, name), q in state.queues.items():
         if v == vhost:
-            out[name] = (policies.queue_policy(state, q), policies.queue_operator_policy(state, q))
+            out[name] = policies.applying(state, q)
     return out
 
 

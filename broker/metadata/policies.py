@@ -184,6 +184,13 @@ def queue_operator_policy(state: MetadataState, q: QueueRecord) -> PolicyRecord 
     return select(_in_vhost(state.operator_policies, q.vhost), q.name, "queue", q.type)  # type: ignore[arg-type]
 
 
+def applying(state: MetadataState, q: QueueRecord) -> tuple[PolicyRecord | None, PolicyRecord | None]:
+    """The policy and operator policy that apply to a queue: what the
+    runtime parses its configuration from, so a change of either is a
+    `PolicyChanged` (machine.py, and diff.py for a snapshot jumped over)."""
+    return queue_policy(state, q), queue_operator_policy(state, q)
+
+
 def exchange_policy(state: MetadataState, x: ExchangeRecord) -> PolicyRecord | None:
     return select(_in_vhost(state.policies, x.vhost), x.name, "exchange")  # type: ignore[arg-type]
 

@@ -80,7 +80,7 @@ class Joining:
         self.peer_port = peer_port
         self.retry_s = retry_s
         #: joiners whose admission is running here (this node leads the metadata)
-        self._in_progress: dict[str, bool] = {}
+        self._in_progress: set[str] = set()  # joiners being admitted
 
     def advertised(self) -> tuple[str, int]:
         """Where peers reach this node: the host part of its name and the
@@ -117,9 +117,9 @@ class Joining:
                 cluster.send_to(g.leader, pw.Join(name, host, port))
             return
         cluster.add_peer(name, host, port)
-        if self._in_progress.get(name):
+        if name in self._in_progress:
             return
-        self._in_progress[name] = True
+        self._in_progress.add(name)
         spawn(self._admit(g, name, host, port), f"admitting {name}")
 
     async def _admit(self, g: RaftGroup, name: str, host: str, port: int) -> None:
@@ -138,7 +138,7 @@ class Joining:
         except Exception as exc:  # retried by the joiner's next request
             log.info("join of %s not done yet: %s", name, exc)
         finally:
-            self._in_progress.pop(name, None)
+            self._in_progress.discard(name)
 
     def learned_node(self, name: str, addr: str) -> None:
         """The metadata records a node's peer address (`cluster_nodes`): connect to it."""

@@ -102,7 +102,6 @@ class Node:
         self.quiescence = Quiescence(None, groups.values, groups.get,
                                      skip=(META_GROUP,), interval_s=PASS_TICKS * self.tick_s)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._auto_delete_pending: set[tuple[str, str]] = set()
         #: this node's storage figures (storage.manifest.node_usage), refreshed
         #: every STORAGE_USAGE_INTERVAL_S by the alarm loop
         self.storage_usage: dict[str, int] = {}
