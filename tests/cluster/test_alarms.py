@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pika
 import pytest
 
 from tests.mgmt.conftest import MgmtCluster, wait_for
-from tests.storage.helpers import fill_disk
+from tests.storage.helpers import fill_disk, tmpfs
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -71,18 +70,15 @@ class Publisher(threading.Thread):
 def _node3_on_small_disk(tmp_path: Path, extra: str) -> Iterator[tuple[MgmtCluster, Path]]:
     """A 3-node cluster whose node 3 keeps its data on a 24 MiB tmpfs (its log
     elsewhere); yields the cluster and the mount point."""
-    mnt = tmp_path / "n3mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "qqalarm", str(mnt)], check=True)
-    c = MgmtCluster(tmp_path / "c", extra=extra)
-    c.nodes[2].data_dir = mnt / "data"
-    c.nodes[2].log_path = tmp_path / "n3.log"  # not on the small disk
-    try:
-        c.start()
-        yield c, mnt
-    finally:
-        c.kill_all()
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    with tmpfs(tmp_path / "n3mnt", "24m", "qqalarm") as mnt:
+        c = MgmtCluster(tmp_path / "c", extra=extra)
+        c.nodes[2].data_dir = mnt / "data"
+        c.nodes[2].log_path = tmp_path / "n3.log"  # not on the small disk
+        try:
+            c.start()
+            yield c, mnt
+        finally:
+            c.kill_all()
 
 
 @pytest.fixture
@@ -90,6 +86,16 @@ def cluster(tmp_path: Path) -> Iterator[tuple[MgmtCluster, Path]]:
     with _node3_on_small_disk(tmp_path, f"disk_free_limit.absolute = {LIMIT}\n"
                               "alarms.check_interval_ms = 100\nraft.wal_max_size_bytes = 1048576\n") as c:
         yield c
+
+
+def _caught_up(c: MgmtCluster, queue: str, node: str) -> bool:
+    """The queue has a leader and `node`'s member is online with everything
+    the leader committed."""
+    status = c.apis[0].get(f"/api/queues/%2F/{queue}/quorum-status")[1]
+    leader = next((m for m in status if m["raft_state"] == "leader"), None)
+    mine = next((m for m in status if m["node"] == node), None)
+    return leader is not None and mine is not None and mine["online"] \
+        and mine["match_index"] == leader["commit_index"]
 
 
 def _bodies(ch: Any, queue: str) -> list[bytes]:
@@ -221,13 +227,8 @@ def test_a_member_stopped_by_a_full_disk_starts_again_once_there_is_room(
     pub.join(30)
     assert pub.error is None, pub.error
 
-    def caught_up() -> bool:
-        status = c.apis[0].get("/api/queues/%2F/full-q/quorum-status")[1]
-        by_node = {m["node"]: m for m in status}
-        leader = next(m for m in status if m["raft_state"] == "leader")
-        mine = by_node[n3.name]
-        return mine["online"] and mine["match_index"] == leader["commit_index"]
-    wait_for(caught_up, timeout=60, what="node 3's member caught up with the leader")
+    wait_for(lambda: _caught_up(c, "full-q", n3.name), timeout=60,
+             what="node 3's member caught up with the leader")
     cons = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n2.port))
     got = _drain(cons.channel(), "full-q")
     cons.close()
@@ -279,15 +280,9 @@ def test_the_metadata_store_stopped_by_a_full_disk_starts_again_and_catches_up(
     wait_for(lambda: c.apis[2].get("/api/health/checks/raft-groups")[0] == 200, timeout=90,
              what="node 3's groups started again")
 
-    def member_on_n3(queue: str) -> bool:
-        status = c.apis[0].get(f"/api/queues/%2F/{queue}/quorum-status")[1]
-        leader = next((m for m in status if m["raft_state"] == "leader"), None)
-        mine = next((m for m in status if m["node"] == n3.name), None)
-        return leader is not None and mine is not None and mine["online"] \
-            and mine["match_index"] == leader["commit_index"]
-    wait_for(lambda: member_on_n3("while-q"), timeout=60,
+    wait_for(lambda: _caught_up(c, "while-q", n3.name), timeout=60,
              what="node 3 runs the member of the queue declared while its metadata was stopped")
-    assert member_on_n3("before-q")
+    assert _caught_up(c, "before-q", n3.name)
     # node 3 serves metadata commands again, and its replica has them all
     on3 = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", n3.port))
     ch3 = on3.channel()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from broker import queue as qm
 from broker import storage as st
 from broker.queue.types import ChannelRef, ConsumerId
 from broker.runtime.classic import DurableClassicQueue, group_id, is_persistent
-from tests.storage.helpers import fill_disk
+from tests.storage.helpers import fill_disk, tmpfs
 
 PERSISTENT = b"\x10\x00\x02"  # property flags: delivery_mode present; 2
 TRANSIENT = b"\x10\x00\x01"
@@ -232,10 +231,7 @@ async def test_an_append_refused_over_a_dropped_batch_is_tried_once_more(tmp_pat
 
 @pytest.mark.root
 async def test_enospc_on_a_real_full_disk_never_confirms_and_recovers(tmp_path: Path) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt", "2m") as mnt:
         rig = Rig(mnt / "node")
         q = rig.open()
         (mnt / "filler").write_bytes(b"\0" * 1024)
@@ -256,5 +252,3 @@ async def test_enospc_on_a_real_full_disk_never_confirms_and_recovers(tmp_path: 
         q = rig.open()
         assert _bodies(q) == [body + b"%d" % n for n in accepted] + [b"after"]
         rig.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)

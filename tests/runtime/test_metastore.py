@@ -7,7 +7,6 @@ already applied."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from broker import metadata as md
 from broker import storage as st
 from broker.raft import RaftConfig
 from broker.runtime.metastore import META_GROUP, MetadataStore
-from tests.storage.helpers import fill_disk
+from tests.storage.helpers import fill_disk, tmpfs
 
 NAMES = ["a", "b", "c"]
 
@@ -166,13 +165,8 @@ async def test_a_forwarded_command_whose_entry_arrives_in_a_snapshot_still_gets_
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.root

@@ -1,8 +1,10 @@
-"""Shared helpers for tests/storage: deterministic payloads and a durability waiter."""
+"""Shared helpers for tests/storage (and the other tests that fill a disk):
+deterministic payloads, a durability waiter, a small tmpfs and filling it."""
 from __future__ import annotations
 
 import hashlib
 import random
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +75,18 @@ def manager(path: Path, config: StorageConfig = TINY, durable: Durable | None = 
 def read_all(log: GroupLog) -> list[Entry]:
     first, last = log.first_index(), log.last_entry_index()
     return log.entries(first, last + 1) if last >= first else []
+
+
+@contextmanager
+def tmpfs(path: Path, size: str = "1m", name: str = "tmpfs") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (created) for the block; needs
+    root (the tests that use it are marked `root`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", name, str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill_disk(path: Path) -> None:

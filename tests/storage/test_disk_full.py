@@ -12,17 +12,14 @@ import pytest
 
 from broker.storage import Entry, HardState, LogManager, StorageConfig, StorageIOError
 
-from .helpers import Durable, fill_disk, payload, read_all
+from .helpers import Durable, fill_disk, payload, read_all, tmpfs
 
 CFG = StorageConfig(wal_max_size_bytes=64 << 20)
 
 
 @pytest.mark.root
 def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: Path) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt") as mnt:
         filler = mnt / "filler"
         filler.write_bytes(b"\0" * (256 * 1024))
         d = Durable()
@@ -66,16 +63,11 @@ def test_enospc_is_reported_nothing_durable_is_lost_and_writes_resume(tmp_path: 
             a = m.open_group("a")
             assert read_all(a) == [Entry(k, 1, payload("a", k, 1, 4096)) for k in range(1, i + 1)]
             assert read_all(m.open_group("b")) == [Entry(1, 1, payload("b", 1, 1, 100))]
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.root
 def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt") as mnt:
         cfg = StorageConfig(wal_max_size_bytes=16 * 1024, segment_max_entries=4096,
                             stagger_first_roll_over=False)
         d = Durable()
@@ -101,8 +93,6 @@ def test_segment_flush_waits_for_space_and_keeps_the_wal(tmp_path: Path) -> None
             assert read_all(log) == written
         with LogManager.open(mnt / "node", cfg) as m:
             assert read_all(m.open_group("a")) == written
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.root
@@ -112,10 +102,7 @@ def test_opening_a_new_group_on_a_full_disk_is_a_storage_error(tmp_path: Path) -
     the error the node handles by leaving that member stopped. It raised the
     bare OSError before, which stopped the node's metadata group that was
     applying the membership change. The group opens once space returns."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt") as mnt:
         with LogManager.open(mnt / "node", CFG) as m:
             filler = mnt / "filler"
             fill_disk(filler)
@@ -126,8 +113,6 @@ def test_opening_a_new_group_on_a_full_disk_is_a_storage_error(tmp_path: Path) -
             g = m.open_group("late")
             g.write_bootstrap(b"\x90")
             assert g.read_bootstrap() == b"\x90"
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.root
@@ -136,10 +121,7 @@ def test_a_snapshot_on_a_full_disk_is_a_storage_error_and_changes_nothing(tmp_pa
     in a fault run's disk-full nemesis): now StorageIOError(ENOSPC) like every
     other write, with the previous snapshot still the latest, no tmp file
     left, and a snapshot written once space returns."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt") as mnt:
         with LogManager.open(mnt / "node", CFG) as m:
             g = m.open_group("a")
             g.append([Entry(i, 1, payload("a", i, 1, 100)) for i in range(1, 11)])
@@ -158,8 +140,6 @@ def test_a_snapshot_on_a_full_disk_is_a_storage_error_and_changes_nothing(tmp_pa
             g.save_snapshot(10, 1, b"cfg", b"x" * (64 * 1024))
             latest = g.latest_snapshot()
             assert latest is not None and latest.meta.index == 10
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.mark.root
@@ -171,10 +151,7 @@ def test_after_a_failed_write_nothing_builds_on_what_it_dropped(tmp_path: Path) 
     wrong reason), and a hard state committing beyond it (else a durable
     commit index the durable log does not reach, which no restart can
     accept). Re-appending from durable_index() + 1 is allowed, as before."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
+    with tmpfs(tmp_path / "mnt") as mnt:
         d = Durable()
         with LogManager.open(mnt / "node", CFG, on_durable=d.on_durable, on_error=d.on_error) as m:
             a = m.open_group("a")
@@ -199,5 +176,3 @@ def test_after_a_failed_write_nothing_builds_on_what_it_dropped(tmp_path: Path) 
             a.set_hard_state(HardState(1, "n1", 2))
             m.sync()
             assert a.durable_index() == 2 and a.durable_hard_state() == HardState(1, "n1", 2)
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
