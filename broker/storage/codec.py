@@ -3,17 +3,24 @@
 Sits under wal.py / segment.py / snapshot.py, which do the file I/O; this
 module only turns values into bytes and back, so every format is defined in
 one place (docs/STORAGE.md documents the same layouts byte by byte).
-All integers are little-endian. Checksums are zlib.crc32 (CRC-32/ISO-HDLC).
+All integers are little-endian. Checksums are CRC-32/ISO-HDLC (zlib.crc32's),
+computed by `crc32` below: zlib-ng's (carry-less multiply, ~60 GB/s on this
+machine) where the zlib-ng package is installed, else the standard library's
+(~7 GB/s); both give the same value for the same bytes.
 """
 from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import CorruptSegmentError, CorruptSnapshotError, InvalidGroupIdError
+
+try:  # the same function, ~9x faster on 64 KiB bodies (bench/storage.py)
+    from zlib_ng.zlib_ng import crc32 as crc32
+except ImportError:  # pragma: no cover - zlib-ng is a pinned broker dependency
+    from zlib import crc32 as crc32
 
 # --------------------------------------------------------------------- WAL
 WAL_MAGIC = b"QQWL"
@@ -42,7 +49,7 @@ REC_FLAG_RESET = 0x0001
 
 _pack_rest = REC_REST.pack
 _pack_crc = REC_CRC.pack
-_crc32 = zlib.crc32
+_crc32 = crc32
 
 
 def encode_wal_header(seq: int) -> bytes:
@@ -162,6 +169,15 @@ def encode_segment(
 ) -> bytes:
     """Whole segment file for (index, term, kind, data) entries, consecutive
     indexes (sparse: strictly increasing indexes, a compacted segment)."""
+    return b"".join(segment_parts(max_count, entries, reset, sparse))
+
+
+def segment_parts(
+    max_count: int, entries: list[tuple[int, int, int, bytes]], reset: bool = False,
+    sparse: bool = False,
+) -> list[bytes]:
+    """encode_segment's file as the buffers to write back to back: each
+    entry's data is one of them as it is (not copied), after its kind byte."""
     count = len(entries)
     if not 0 < count <= max_count:
         raise ValueError(f"segment holds 1..{max_count} entries, got {count}")
@@ -171,15 +187,26 @@ def encode_segment(
     slots: list[bytes] = []
     datas: list[bytes] = []
     offset = SEG_HEADER_SIZE + max_count * SEG_SLOT_SIZE
+    pack_it = _IT.pack
+    pack_slot = SEG_SLOT.pack
+    crc32 = _crc32
+    kinds = _KIND_BYTES
     for index, term, kind, data in entries:
-        stored = bytes((kind,)) + data
-        slots.append(SEG_SLOT.pack(index, term, offset, len(stored), entry_crc(index, term, stored)))
-        datas.append(stored)
-        offset += len(stored)
+        kb = kinds[kind]
+        # entry_crc(index, term, kind byte + data), without building that
+        crc = crc32(data, crc32(kb, crc32(pack_it(index, term))))
+        slots.append(pack_slot(index, term, offset, len(data) + 1, crc))
+        datas.append(kb)
+        datas.append(data)
+        offset += len(data) + 1
     parts.extend(slots)
     parts.append(bytes((max_count - count) * SEG_SLOT_SIZE))
     parts.extend(datas)
-    return b"".join(parts)
+    return parts
+
+
+#: the one-byte prefix (entry kind) of each stored segment entry
+_KIND_BYTES = [bytes((k,)) for k in range(256)]
 
 
 def decode_segment_header(buf: bytes, where: str) -> tuple[int, int, int]:

@@ -47,7 +47,6 @@ import logging
 import os
 import struct
 import threading
-import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -449,7 +448,7 @@ class GroupLog:
         # hot path: validation and encoding inlined (this runs per entry)
         pack_rest = codec.REC_REST.pack
         pack_crc = codec.REC_CRC.pack
-        crc32 = zlib.crc32
+        crc32 = codec.crc32
         rec_entry = codec.REC_ENTRY
         parts: list[bytes] = []
         add = parts.append

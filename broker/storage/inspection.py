@@ -8,7 +8,6 @@ Pipeline position: beside the LogManager, never in the write path.
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 
 from . import codec
@@ -119,7 +118,7 @@ def _latest_snapshot_header(snapdir: str) -> tuple[int, int] | None:
         (hcrc,) = codec.REC_CRC.unpack_from(head, codec.SNAP_HEADER.size)
         if (magic, version) != (codec.SNAP_MAGIC, codec.SNAP_VERSION):
             continue
-        if zlib.crc32(head[: codec.SNAP_HEADER.size]) != hcrc:
+        if codec.crc32(head[: codec.SNAP_HEADER.size]) != hcrc:
             continue
         if size != codec.SNAP_HEADER_SIZE + clen + dlen:
             continue
