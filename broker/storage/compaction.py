@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from . import codec
 from .errors import CorruptSegmentError
-from .files import fsync_dir, write_all
+from .files import fsync_dir, write_parts
 from .segments import SegFile
 
 _Slot = codec.SegmentSlot
@@ -141,10 +141,10 @@ def plan(prefix: list[tuple[SegFile, int, int, int]], live_indexes: Iterable[int
 def write_tmp(path: str, entries: list[tuple[int, int, int, bytes]], do_sync: bool) -> str:
     """Write the compacted file as `<path>.compact.tmp` (fdatasync'd); its name."""
     tmp = path + ".compact.tmp"
-    data = codec.encode_segment(len(entries), entries, reset=True, sparse=True)
+    data = codec.segment_parts(len(entries), entries, reset=True, sparse=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        write_all(fd, data, 0)
+        write_parts(fd, data, 0)
         if do_sync:
             os.fdatasync(fd)
     except BaseException:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+from collections.abc import Sequence
 
 from . import codec
 from .errors import StorageError
@@ -45,6 +46,35 @@ def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
             raise OSError("short write")
         view = view[n:]
         offset += n
+
+
+#: most buffers one pwritev takes (the kernel refuses more with EINVAL)
+IOV_MAX = 1024
+
+
+def write_parts(fd: int, parts: Sequence[bytes | memoryview], offset: int) -> int:
+    """pwritev the parts back to back from `offset`, IOV_MAX at a time,
+    retrying short writes; returns the bytes written. The parts are not
+    joined first: a WAL batch or segment file of big bodies is written from
+    the buffers that already hold them. Raises OSError on failure."""
+    written = 0
+    for start in range(0, len(parts), IOV_MAX):
+        batch = parts[start : start + IOV_MAX]
+        want = sum(map(len, batch))
+        done = os.pwritev(fd, batch, offset) if want else 0
+        if done < want:  # short write: finish this batch part by part
+            skip = done
+            for part in batch:
+                size = len(part)
+                if skip >= size:
+                    skip -= size
+                    continue
+                write_all(fd, memoryview(part)[skip:], offset + done)
+                done += size - skip
+                skip = 0
+        offset += want
+        written += want
+    return written
 
 
 def write_file_atomic(path: str, chunks: list[bytes], sync: bool = True) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from . import codec
 from .errors import CompactedError, CorruptSegmentError, InvariantError
-from .files import SEG_SUFFIX, fsync_dir, read_file, seq_of, write_all
+from .files import SEG_SUFFIX, fsync_dir, read_file, seq_of, write_parts
 from .types import Entry
 
 #: SegmentSet.clip when no later write shadows any segment entry
@@ -148,7 +148,7 @@ def write_segment_files(
         for segdir, chunks, reset, seqs in jobs:
             files = []
             for n, (chunk, seq) in enumerate(zip(chunks, seqs, strict=True)):
-                data = codec.encode_segment(
+                data = codec.segment_parts(
                     max_entries,
                     [(e.index, e.term, e.kind, e.data) for e in chunk],
                     reset and n == 0,
@@ -156,7 +156,7 @@ def write_segment_files(
                 path = os.path.join(segdir, f"{seq:020d}{SEG_SUFFIX}")
                 fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 opened.append((fd, path + ".tmp", path))
-                write_all(fd, data, 0)
+                write_parts(fd, data, 0)
                 files.append(
                     SegFile(seq, path, chunk[0].index, chunk[-1].index, reset and n == 0)
                 )
