@@ -191,10 +191,27 @@ def encode_deliver(
     frame_max: int,
 ) -> bytes:
     """basic.deliver + content header + body frames, byte-identical to pamqp's."""
+    return b"".join(deliver_parts(channel, consumer_tag, delivery_tag, redelivered, exchange,
+                                  routing_key, properties_raw, body, frame_max))
+
+
+def deliver_parts(
+    channel: int,
+    consumer_tag: str,
+    delivery_tag: int,
+    redelivered: bool,
+    exchange: str,
+    routing_key: str,
+    properties_raw: bytes,
+    body: bytes,
+    frame_max: int,
+) -> list[bytes | memoryview]:
+    """encode_deliver's bytes as the buffers to write back to back: the body
+    is one of them (or views into it, one per body frame), not copied."""
     ct, ex, rk = _ss(consumer_tag), _ss(exchange), _ss(routing_key)
     head = _DELIVER_HEAD.pack(FRAME_METHOD, channel, 13 + len(ct) + len(ex) + len(rk), DELIVER_ID)
     mid = _DELIVER_MID.pack(delivery_tag, 1 if redelivered else 0)
-    return b"".join([head, ct, mid, ex, rk, *_content_tail(channel, properties_raw, body, frame_max)])
+    return [head, ct, mid, ex, rk, *_content_tail(channel, properties_raw, body, frame_max)]
 
 
 def encode_get_ok(

@@ -1022,6 +1022,31 @@ class ServerConnection:
             )
         )
 
+    def send_deliver_parts(
+        self,
+        channel: int,
+        consumer_tag: str,
+        delivery_tag: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        properties_raw: bytes,
+        body: bytes,
+    ) -> list[bytes | memoryview]:
+        """send_deliver's bytes as buffers to write back to back, the body not
+        copied into them (for big bodies: see codec.deliver_parts)."""
+        if not self._can_send(channel):
+            return []
+        parts = codec.deliver_parts(
+            channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
+            properties_raw, body, self.frame_max,
+        )
+        self._sent = True
+        if self._outbox:
+            parts.insert(0, b"".join(self._outbox))
+            self._outbox.clear()
+        return parts
+
     def send_get_ok(
         self,
         channel: int,

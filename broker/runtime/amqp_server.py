@@ -92,7 +92,9 @@ class AmqpConnection(asyncio.Protocol):
         self.vhost = ""
         self.channels: dict[int, Channel] = {}
         self.channel_opens = 0  # channels opened so far (see Channel.ref)
-        self.out: list[bytes] = []
+        self.out: list[bytes | memoryview] = []
+        #: `out` holds a big body's buffers: written as they are (writelines)
+        self.out_vectored = False
         self.flush_scheduled = False
         self.confirms_dirty: set[Channel] = set()
         self.settles_dirty: set[Channel] = set()
@@ -256,6 +258,13 @@ class AmqpConnection(asyncio.Protocol):
         if data:
             self.out.append(data)
 
+    def write_parts(self, parts: list[bytes | memoryview]) -> None:
+        """Buffers to write back to back without joining them (a big body's
+        delivery: see codec.deliver_parts)."""
+        if parts:
+            self.out += parts
+            self.out_vectored = True
+
     def schedule_flush(self) -> None:
         if not self.flush_scheduled:
             self.flush_scheduled = True
@@ -270,9 +279,14 @@ class AmqpConnection(asyncio.Protocol):
         extra = self.amqp.data_to_send()
         if extra:
             self.out.append(extra)
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
-        self.out.clear()
+        out = self.out
+        if out and self.transport is not None and not self.transport.is_closing():
+            if self.out_vectored:  # no copy of the big bodies: uvloop writes them with writev
+                self.transport.writelines(out)
+            else:
+                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+        self.out_vectored = False
         # Settles go after the write: those of no-ack deliveries renew the
         # consumer's credit, so they wait while the write just made left the
         # transport's buffer full (pause_writing holds "write"); sent before

@@ -77,6 +77,10 @@ log = logging.getLogger("broker.amqp")
 HIGH_WATER = 4000
 LOW_WATER = 1000
 NOACK_CREDIT = 256
+#: bodies this big are delivered from their own buffer (writev), not copied
+#: into the frame and again into the connection's write: two copies of each
+#: 64 KiB body (and a fresh mapping for each, above glibc's mmap threshold)
+VECTORED_BODY = 16 * 1024
 _U16 = struct.Struct(">H")
 # content-header property flags (AMQP 0-9-1 basic class)
 _F_HEADERS = 0x2000
@@ -242,6 +246,7 @@ class ChannelHost(Protocol):
     def name(self) -> str: ...
     def details(self) -> dict[str, Any]: ...
     def write(self, data: bytes) -> None: ...
+    def write_parts(self, parts: list[bytes | memoryview]) -> None: ...
     def flush(self) -> None: ...
     def schedule_flush(self) -> None: ...
     def hold(self, why: str) -> None: ...
@@ -906,7 +911,12 @@ class Channel:
         # x-delivery-count is a quorum-queue header (classic queues do not add it)
         props = msg[0] if not count or c.queue.kind != "quorum" else \
             conn.props_cache.with_delivery_count(msg[0], count)
-        conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, msg[1]))
+        body = msg[1]
+        if len(body) < VECTORED_BODY:
+            conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, body))
+        else:  # written from the stored body, not copied into a frame first
+            conn.write_parts(conn.amqp.send_deliver_parts(self.number, c.tag, tag, redelivered, msg[2], msg[3],
+                                                          props, body))
         conn.schedule_flush()
 
     def _settle_later(self, q: QueueProcess, cid: ConsumerId, msg_id: MsgId) -> None:

@@ -294,6 +294,35 @@ def test_small_frame_max_splits_bodies(broker: BrokerProcess) -> None:
     conn.close()
 
 
+def test_consumed_big_bodies_are_split_and_interleave_with_small_ones(broker: BrokerProcess) -> None:
+    """Deliveries of bodies of 16 KiB and more are written from the stored
+    body (vectored), the others as one joined buffer: with a 4 KiB frame_max
+    every size, each side of the threshold and both kinds in one write, comes
+    out whole, in order, to a pika consumer."""
+    import random
+
+    rng = random.Random(1616)
+    sizes = [0, 1, 4088, 4089, 16383, 16384, 16385, 65536, 100_000, 1 << 20]
+    sizes += [rng.choice([rng.randrange(0, 300), rng.randrange(16384, 200_000)]) for _ in range(30)]
+    bodies = [rng.randbytes(n) for n in sizes]
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port, frame_max=4096))
+    ch = conn.channel()
+    fresh(ch, "sem-vectored", QQ)
+    ch.confirm_delivery()
+    for b in bodies:
+        ch.basic_publish("", "sem-vectored", b, BasicProperties(delivery_mode=2))
+    got: list[bytes] = []
+    ch.basic_qos(prefetch_count=100)
+    ch.basic_consume("sem-vectored", lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)))
+    deadline = time.monotonic() + 60
+    while len(got) < len(bodies) and time.monotonic() < deadline:
+        conn.process_data_events(0.05)
+    assert [len(b) for b in got] == sizes
+    assert got == bodies
+    ch.queue_delete("sem-vectored")
+    conn.close()
+
+
 def test_20_mib_message(broker: BrokerProcess) -> None:
     body = (b"0123456789abcdef" * 65536) * 20  # 20 MiB
     conn = connect(broker.port)
