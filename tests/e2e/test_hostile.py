@@ -384,9 +384,10 @@ def test_slow_consumer_that_never_reads_is_bounded(tmp_path: Path) -> None:
         # once the queue's body cache is full (64 MiB: the slow client's
         # unsettled deliveries pin the bodies published after them), by the
         # 4th round: the last 3 rounds (96 MiB) must add less than half that.
-        # (It also grew ~25 MiB a round while glibc carved 64 KiB bodies from
-        # a fragmenting heap; the broker now fixes malloc's mmap threshold,
-        # app.tune_malloc.)
+        # (It also grew ~25 MiB a round while glibc's default, a dynamic mmap
+        # threshold and no trimming, carved 64 KiB bodies from a fragmenting
+        # heap; app.tune_malloc now fixes the thresholds and a thread trims
+        # the heap: ~230 MiB, level from the 5th round.)
         assert rss[-1] - rss[-4] < 48, f"broker RSS kept growing: {rss} MiB"
     finally:
         broker.kill()

@@ -1,5 +1,6 @@
 """The process wiring (runtime/app.py): which configurations start the
-management servers over the node. No process."""
+management servers over the node, and how it tunes malloc. No broker
+process (the malloc test runs a small Python one)."""
 from __future__ import annotations
 
 import asyncio
@@ -34,3 +35,42 @@ def test_the_defaults_start_the_management_api_and_metrics() -> None:
 def test_nothing_is_started_over_a_node_without_management() -> None:
     node: Any = SimpleNamespace(config=load_config("", OFF))
     assert asyncio.run(start_management(node)) is None
+
+
+_HOLES = r"""
+import os, sys, time
+from broker.runtime.app import tune_malloc
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) // 1024
+
+assert tune_malloc(trim_every=float(sys.argv[1]))
+bodies = [os.urandom(64) * 1024 for _ in range(4000)]  # 250 MiB of 64 KiB bodies, from the heap
+full = rss()
+del bodies[::2]  # every other one freed: holes between live bodies, none at the top
+deadline = time.monotonic() + float(sys.argv[2])
+while rss() > full - 100 and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(full, rss())
+"""
+
+
+@pytest.mark.parametrize("trim_every, returned", [(0.05, True), (0, False)])
+def test_bodies_come_from_the_heap_and_the_trimmer_gives_holes_back(trim_every: float, returned: bool) -> None:
+    """64 KiB bodies are heap blocks (an mmap each would return its memory at
+    free, trimmer or not); freeing every other one leaves holes glibc keeps,
+    until the trimmer thread hands their pages back (about 125 MiB)."""
+    import subprocess
+    import sys
+
+    wait = "10" if returned else "2"  # without a trimmer: two seconds of nothing given back
+    out = subprocess.run([sys.executable, "-c", _HOLES, str(trim_every), wait],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    full, after = map(int, out.split())
+    assert full >= 250
+    if returned:
+        assert after < full - 100, (full, after)
+    else:
+        assert after > full - 20, (full, after)
