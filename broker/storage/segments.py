@@ -2,8 +2,8 @@
 verifying, reading, and one group's composition of them.
 
 Owns:
-- `SegFile` (one immutable file on disk) and `SegReader` (an open, fully
-  verified file: fd + index slots);
+- `SegFile` (one immutable file on disk) and `SegReader` (an open file whose
+  header and index were checked: fd + index slots);
 - `SegmentCache`: the node's LRU of open readers (`segment_cache_size`);
 - `write_segment_files` (several groups at once: all data, then one
   fdatasync per file, renames, one fsync per directory), `load_segments`
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from . import codec
 from .errors import CompactedError, CorruptSegmentError, InvariantError
-from .files import SEG_SUFFIX, fsync_dir, read_file, seq_of, write_parts
+from .files import SEG_SUFFIX, fsync_dir, seq_of, write_parts
 from .types import Entry
 
 #: SegmentSet.clip when no later write shadows any segment entry
@@ -76,7 +76,8 @@ class SegReader:
 
 
 class SegmentCache:
-    """The node's open, verified segment readers, least recently used first.
+    """The node's open segment readers (header and index checked; each entry is
+    checked when read), least recently used first.
     Every method is called with the node lock held."""
 
     def __init__(self, capacity: int) -> None:
@@ -84,7 +85,8 @@ class SegmentCache:
         self._readers: collections.OrderedDict[str, SegReader] = collections.OrderedDict()
 
     def reader(self, f: SegFile) -> SegReader:
-        """Open + fully verify a segment file (lock held); LRU-cached."""
+        """Open a segment file and check its header and index (lock held);
+        LRU-cached."""
         r = self._readers.get(f.path)
         if r is not None:
             if r.seg is f:
@@ -95,16 +97,12 @@ class SegmentCache:
             os.close(r.fd)
         fd = os.open(f.path, os.O_RDONLY)
         try:
-            buf = read_file(f.path)
-            flags, _max, count = codec.decode_segment_header(buf, f.path)
+            # the header and index only: each entry's crc is checked when it is
+            # read (read_range); reading and checking the whole file here cost
+            # a 512 MiB read for one 1 MiB body (a WAL's worth of them)
+            flags, slots = _read_index(fd, f.path)
             if bool(flags & codec.SEG_FLAG_SPARSE) != f.sparse:
                 raise CorruptSegmentError(f"{f.path}: segment flags changed on disk")
-            slots = codec.decode_segment_index(buf[codec.SEG_HEADER_SIZE:], count, len(buf), f.path,
-                                               f.sparse)
-            for s in slots:
-                stored = buf[s.offset : s.offset + s.length]
-                if codec.entry_crc(s.idx, s.term, stored) != s.crc:
-                    raise CorruptSegmentError(f"{f.path}: entry {s.idx} checksum mismatch")
             if slots[0].idx != f.first or slots[-1].idx != f.last:
                 raise CorruptSegmentError(f"{f.path}: index range changed on disk")
         except BaseException:
@@ -201,20 +199,28 @@ def load_segments(segdir: str) -> list[SegFile]:
         path = os.path.join(segdir, name)
         fd = os.open(path, os.O_RDONLY)
         try:
-            size = os.fstat(fd).st_size
-            head = os.pread(fd, codec.SEG_HEADER_SIZE, 0)
-            flags, max_count, count = codec.decode_segment_header(head, path)
-            idx = os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE)
-            sparse = bool(flags & codec.SEG_FLAG_SPARSE)
-            slots = codec.decode_segment_index(idx, count, size, path, sparse)
+            flags, slots = _read_index(fd, path)
         finally:
             os.close(fd)
-        if slots[0].offset < codec.SEG_HEADER_SIZE + max_count * codec.SEG_SLOT_SIZE:
-            raise CorruptSegmentError(f"{path}: entry data overlaps the index")
+        sparse = bool(flags & codec.SEG_FLAG_SPARSE)
         files.append(SegFile(seq, path, slots[0].idx, slots[-1].idx,
                              bool(flags & codec.SEG_FLAG_RESET), sparse))
     files.sort(key=lambda f: f.seq)
     return files
+
+
+def _read_index(fd: int, path: str) -> tuple[int, list[codec.SegmentSlot]]:
+    """A segment file's flags and index slots, after the structure checks
+    (magic, version, header crc, index slots, data inside the file and after
+    the index). Raises CorruptSegmentError."""
+    size = os.fstat(fd).st_size
+    head = os.pread(fd, codec.SEG_HEADER_SIZE, 0)
+    flags, max_count, count = codec.decode_segment_header(head, path)
+    idx = os.pread(fd, count * codec.SEG_SLOT_SIZE, codec.SEG_HEADER_SIZE)
+    slots = codec.decode_segment_index(idx, count, size, path, bool(flags & codec.SEG_FLAG_SPARSE))
+    if slots[0].offset < codec.SEG_HEADER_SIZE + max_count * codec.SEG_SLOT_SIZE:
+        raise CorruptSegmentError(f"{path}: entry data overlaps the index")
+    return flags, slots
 
 
 def unlink_segments(group_path: str, files: list[SegFile], do_sync: bool) -> None:
