@@ -336,15 +336,17 @@ class PeerTransport:
                 frame = self._next_frame(out)
                 if frame is None:
                     continue
-                writer.write(frame)
+                writer.writelines(frame)  # uvloop writes the list with writev, not joined
                 self.stats.frames_sent += 1
                 await writer.drain()
         finally:
             closed.cancel()
 
-    def _next_frame(self, out: _Outbound) -> bytes | None:
+    def _next_frame(self, out: _Outbound) -> list[bytes] | None:
         """Take queued messages for one frame: at most `max_batch` of them and
-        `max_batch_bytes` (a single larger message goes alone)."""
+        `max_batch_bytes` (a single larger message goes alone). The frame is
+        the buffers to write back to back: its length and array header, then
+        each message as packed (a join would copy the batch twice more)."""
         queue = out.queue
         parts: list[bytes] = []
         size = 0
@@ -365,9 +367,9 @@ class PeerTransport:
             size += len(packed)
         if not parts:
             return None
-        body = array_header(len(parts)) + b"".join(parts)
+        head = array_header(len(parts))
         self.stats.messages_sent += len(parts)
-        return _LEN.pack(len(body)) + body
+        return [_LEN.pack(len(head) + size), head, *parts]
 
     async def _client_handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected_peer: str
