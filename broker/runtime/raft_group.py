@@ -94,8 +94,14 @@ def decode_membership(b: bytes) -> Membership:
     return Membership(frozenset(NodeId(v) for v in voters), frozenset(NodeId(n) for n in learners))
 
 
-def _raft_entry(e: st.Entry) -> Entry:
+def _raft_entry(e: st.Entry | Entry) -> Entry:
+    if type(e) is Entry:  # appended by this layer and still in memory: as it was
+        return e
     return Entry(Term(e.term), Index(e.index), _ENTRY_KINDS[e.kind], e.data)
+
+
+# GroupLog.append stores the Raft layer's entries as they are
+st.accept_entry_type(Entry)
 
 
 class GroupLogStorage:
@@ -483,7 +489,7 @@ class RaftGroup:
                 sm = rd.snapshot.meta
                 glog.save_snapshot(sm.index, sm.term, encode_membership(sm.config), rd.snapshot.data)
             if rd.entries:
-                # a raft Entry has the fields storage needs (append converts it)
+                # a raft Entry has the fields storage needs (stored as it is)
                 glog.append(rd.entries)  # type: ignore[arg-type]
                 if self._waiters and self.role is not Role.LEADER:
                     self._overwritten(rd.entries)

@@ -52,6 +52,7 @@ from .errors import (
     StorageIOError,
     UnavailableError,
 )
+from .group import accept_entry_type
 from .inspection import GroupInfo, SegmentInfo, read_segment_info, scan_group, scan_node
 from .manager import GroupLog, LogManager, OnDurable, OnError, RandomSource
 from .types import (
@@ -69,6 +70,7 @@ from .types import (
 
 __all__ = [
     "SEGMENT_MAX_ENTRIES_LIMIT",
+    "accept_entry_type",
     "CompactedError",
     "CorruptSegmentError",
     "CorruptSnapshotError",

@@ -64,6 +64,53 @@ def test_append_read_and_durable_callback(tmp_path: Path) -> None:
             log.entries(6, 5)
 
 
+def test_a_registered_entry_type_is_stored_as_it_is(tmp_path: Path) -> None:
+    """The Raft layer's entries are kept as appended (no conversion each
+    way); they reach the WAL, segments and a reopen like storage's own, a
+    kind that is an IntEnum included. An unregistered look-alike, or a
+    registered one whose data is not bytes, is converted to an Entry."""
+    import enum
+    from dataclasses import dataclass
+
+    from broker.storage import accept_entry_type
+
+    class Kind(enum.IntEnum):
+        NORMAL = 0
+        CONFIG = 1
+
+    @dataclass(frozen=True, slots=True)
+    class Mine:
+        term: int
+        index: int
+        kind: Kind
+        data: bytes | bytearray
+
+    @dataclass(frozen=True, slots=True)
+    class Other:
+        term: int
+        index: int
+        kind: int
+        data: bytes
+
+    accept_entry_type(Mine)
+    mine = [Mine(1, i, Kind.CONFIG if i % 3 == 0 else Kind.NORMAL, payload("r", i, 1)) for i in range(1, 31)]
+    with manager(tmp_path, TINY) as m:  # 4 KiB WAL: rolls over into segments
+        log = m.open_group("r")
+        log.append(mine[:10])
+        log.append([mine[10]])
+        log.append([Other(1, 12, int(mine[11].kind), mine[11].data), Mine(1, 13, mine[12].kind, bytearray(mine[12].data)),
+                    *mine[13:]])
+        got = log.entries(1, 31)
+        assert got[0] is mine[0] and got[10] is mine[10]  # as appended, still in memory
+        assert type(got[11]) is Entry and type(got[12]) is Entry and type(got[12].data) is bytes
+        assert [(e.index, e.term, e.kind, e.data) for e in got] == \
+            [(e.index, e.term, int(e.kind), bytes(e.data)) for e in mine]
+    with manager(tmp_path, TINY) as m:
+        got = read_all(m.open_group("r"))
+        assert all(type(e) is Entry for e in got)
+        assert [(e.index, e.term, e.kind, e.data) for e in got] == [(e.index, e.term, int(e.kind), e.data) for e in mine]
+
+
 def test_max_bytes_returns_at_least_one_entry(tmp_path: Path) -> None:
     with manager(tmp_path, StorageConfig()) as m:
         log = m.open_group("g")
