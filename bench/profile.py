@@ -36,7 +36,7 @@ from bench.report import ours  # noqa: E402
 
 # (pattern on "file:function", step); first match wins.
 STEPS: list[tuple[str, str]] = [
-    (r"broker/amqp/codec\.py:(encode|_encode|marshal|deliver|frame_)", "AMQP encode (deliveries, acks)"),
+    (r"broker/amqp/codec\.py:(\d+:)?(encode|_encode|marshal|deliver|frame_)", "AMQP encode (deliveries, acks)"),
     (r"broker/amqp/", "AMQP decode and connection state"),
     (r"broker/runtime/(amqp_server|channel)\.py:.*(write|deliver|_flush|send)", "delivery and socket writes"),
     (r"broker/runtime/(amqp_server|channel|confirms|msg_stats)\.py", "AMQP channel handlers"),
@@ -50,7 +50,7 @@ STEPS: list[tuple[str, str]] = [
     (r"broker/runtime/queues\.py", "queue effects (runtime)"),
     # main() runs the event loop: a sample whose deepest frame of ours is main
     # is uvloop's own work (socket reads and writes, callbacks' bookkeeping)
-    (r"broker/(runtime/app\.py:main|__main__\.py)", "event loop and socket I/O (uvloop)"),
+    (r"broker/(runtime/app\.py:(\d+:)?main|__main__\.py)", "event loop and socket I/O (uvloop)"),
     (r"broker/runtime/(node|peer_events|joining|node_calls)\.py", "node (timers, routing of callbacks)"),
     (r"broker/", "other broker code"),
 ]
