@@ -51,6 +51,7 @@ import hmac
 import logging
 import os
 import random
+import socket
 import ssl
 import struct
 import time
@@ -70,6 +71,20 @@ PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 512 * 1024 * 1024
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 5.0
+#: A connect that has not completed by then is abandoned and tried again.
+#: The kernel's own SYN retries back off (1, 2, 4, 8... s): a connect begun
+#: during a partition would otherwise send its next SYN many seconds after
+#: the partition healed.
+CONNECT_TIMEOUT_S = 2.0
+#: TCP_USER_TIMEOUT of a peer connection: data left unacknowledged this
+#: long (a partition, a peer host gone) aborts the connection, and the
+#: sender reconnects (CONNECT_TIMEOUT_S a try). Without it the connection
+#: stays up through the partition while TCP's retransmissions back off, and
+#: after the heal nothing flows until the next one, seconds later (chaos:
+#: a two-member group stalled 6 s after each heal, both members
+#: pre-candidates that never heard each other). Nodes ping each other every
+#: pass, so a live connection always has its data acknowledged.
+USER_TIMEOUT_MS = 5000
 
 
 class TransportError(Exception):
@@ -115,6 +130,17 @@ class _Outbound:
 def _encode(payload: object) -> bytes:
     body = packb(payload)
     return _LEN.pack(len(body)) + body
+
+
+def _user_timeout(writer: asyncio.StreamWriter) -> None:
+    """USER_TIMEOUT_MS on the connection's socket (Linux; elsewhere a no-op)."""
+    sock = writer.get_extra_info("socket")
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if sock is not None and option is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, USER_TIMEOUT_MS)
+        except OSError as exc:  # pragma: no cover - a kernel without the option
+            log.debug("TCP_USER_TIMEOUT not set: %s", exc)
 
 
 async def _read_frame(reader: asyncio.StreamReader, max_frame: int) -> Any:  # msgpack-decoded
@@ -269,11 +295,12 @@ class PeerTransport:
         delay = self._backoff[0]
         while True:
             try:
-                reader, writer = await asyncio.open_connection(
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(
                     out.host, out.port, ssl=self._client_ssl,
                     server_hostname=out.host if self._client_ssl else None,
-                )
-            except (OSError, ssl.SSLError) as exc:
+                ), CONNECT_TIMEOUT_S)
+                _user_timeout(writer)
+            except (OSError, ssl.SSLError, TimeoutError) as exc:
                 # A TLS failure is a configuration problem worth seeing; a
                 # refused connection is just a peer that is not up (yet).
                 level = logging.WARNING if isinstance(exc, ssl.SSLError) else logging.DEBUG
