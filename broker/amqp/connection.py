@@ -1013,14 +1013,8 @@ class ServerConnection:
         body: bytes,
     ) -> bytes:
         """basic.deliver + header + body frames split by the negotiated frame_max."""
-        if not self._can_send(channel):
-            return b""
-        return self._out(
-            codec.encode_deliver(
-                channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key,
-                properties_raw, body, self.frame_max,
-            )
-        )
+        return b"".join(self.send_deliver_parts(channel, consumer_tag, delivery_tag, redelivered,
+                                                exchange, routing_key, properties_raw, body))
 
     def send_deliver_parts(
         self,
