@@ -279,14 +279,15 @@ class AmqpConnection(asyncio.Protocol):
         extra = self.amqp.data_to_send()
         if extra:
             self.out.append(extra)
-        out = self.out
+        # taken before the write: a transport that calls resume_writing (and
+        # so flush) from inside write must not see these bytes again
+        out, self.out = self.out, []
+        vectored, self.out_vectored = self.out_vectored, False
         if out and self.transport is not None and not self.transport.is_closing():
-            if self.out_vectored:  # no copy of the big bodies: uvloop writes them with writev
+            if vectored:  # no copy of the big bodies: uvloop writes them with writev
                 self.transport.writelines(out)
             else:
                 self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-        out.clear()
-        self.out_vectored = False
         # Settles go after the write: those of no-ack deliveries renew the
         # consumer's credit, so they wait while the write just made left the
         # transport's buffer full (pause_writing holds "write"); sent before

@@ -4,8 +4,9 @@ re-exported by `broker.storage` and `broker.storage.manager`).
 Pipeline position: the Raft driver in broker/runtime hands each group's
 `Ready` to `append` / `set_hard_state`; these update the memory table at
 once and queue encoded records for the node's WAL writer (`Wal.submit`).
-Reads go: memory table -> segment files (through the node's cache of open,
-verified segment readers, `SegmentCache.reader`).
+Reads go: memory table -> segment files (through the node's cache of open
+segment readers, `SegmentCache.reader`; each entry, and each slot's term, is
+served only after its entry's crc was checked).
 
 Owns one group's in-memory state: its memory table (memtable.py), its
 segment files and their composition (segments.SegmentSet), snapshot meta,
@@ -355,12 +356,16 @@ class GroupLog:
         piece = self._piece_for(index)
         if piece is not None:
             reader = self._reader(piece[2])
-            slot = reader.slot_for(index)
-            if slot is None or slot.idx != index:
+            try:
+                term = reader.checked_term(index)  # a term only from a checked entry
+            except CorruptSegmentError as exc:
+                self._fail(exc)
+                raise
+            if term is None:
                 if reader.idxs is not None:
                     raise CompactedError(f"group {self.group_id!r}: index {index} is compacted")
                 raise self._broken(f"{piece[2].path}: no slot for entry {index}")
-            return slot.term
+            return term
         first = self._log_first()
         if index <= self._last_index_locked() and (
                 first is None or index < first or (snap is not None and index < snap.index)):

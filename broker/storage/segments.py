@@ -3,7 +3,8 @@ verifying, reading, and one group's composition of them.
 
 Owns:
 - `SegFile` (one immutable file on disk) and `SegReader` (an open file whose
-  header and index were checked: fd + index slots);
+  header and index were checked: fd + index slots; a slot's term is served
+  once its entry's crc was checked; compacted files are checked whole);
 - `SegmentCache`: the node's LRU of open readers (`segment_cache_size`);
 - `write_segment_files` (several groups at once: all data, then one
   fdatasync per file, renames, one fsync per directory), `load_segments`
@@ -49,13 +50,21 @@ class SegFile:
 
 
 class SegReader:
-    """An open, fully verified segment file: fd + index slots.
+    """An open segment file whose header and index passed the structure
+    checks: fd + index slots.
+
+    An index slot has no checksum of its own: its term, offset and length
+    are covered by its entry's crc. So entries are checked when read
+    (`read_range`), and a slot's term is served only once its entry has been
+    checked (`checked_term`). A compacted (sparse) file is checked whole
+    when opened, so that a slot whose index went bad cannot pass for a
+    compacted hole.
 
     `seg` is the very SegFile it was opened for: a path can name another
     file later (a deleted and re-created group numbers its segments from 1
     again), so the cache only answers for that object."""
 
-    __slots__ = ("fd", "slots", "first", "seg", "idxs")
+    __slots__ = ("fd", "slots", "first", "seg", "idxs", "checked")
 
     def __init__(self, fd: int, slots: list[codec.SegmentSlot], seg: SegFile) -> None:
         self.fd = fd
@@ -64,15 +73,29 @@ class SegReader:
         self.seg = seg
         # sparse (compacted) segments: the slot indexes, for bisection
         self.idxs: list[int] | None = [s.idx for s in slots] if seg.sparse else None
+        #: per slot: its entry's crc was checked (1)
+        self.checked = bytearray(len(slots))
 
-    def slot_for(self, index: int) -> codec.SegmentSlot | None:
-        """The slot holding entry `index`, or None (a compacted hole)."""
+    def checked_term(self, index: int) -> int | None:
+        """The term of entry `index` from its slot, after checking that
+        entry's crc once (None: no slot, a compacted hole). Raises
+        CorruptSegmentError."""
         idxs = self.idxs
         if idxs is None:
             k = index - self.first
-            return self.slots[k] if 0 <= k < len(self.slots) else None
-        k = bisect.bisect_left(idxs, index)
-        return self.slots[k] if k < len(idxs) and idxs[k] == index else None
+            if not 0 <= k < len(self.slots):
+                return None
+        else:
+            k = bisect.bisect_left(idxs, index)
+            if k >= len(idxs) or idxs[k] != index:
+                return None
+        s = self.slots[k]
+        if not self.checked[k]:
+            stored = os.pread(self.fd, s.length, s.offset)
+            if len(stored) != s.length or codec.entry_crc(s.idx, s.term, stored) != s.crc:
+                raise CorruptSegmentError(f"{self.seg.path}: entry {s.idx} checksum mismatch")
+            self.checked[k] = 1
+        return s.term
 
 
 class SegmentCache:
@@ -105,10 +128,13 @@ class SegmentCache:
                 raise CorruptSegmentError(f"{f.path}: segment flags changed on disk")
             if slots[0].idx != f.first or slots[-1].idx != f.last:
                 raise CorruptSegmentError(f"{f.path}: index range changed on disk")
+            r = SegReader(fd, slots, f)
+            if f.sparse:  # compacted: checked whole (see SegReader)
+                for k in range(len(slots)):
+                    r.checked_term(slots[k].idx)
         except BaseException:
             os.close(fd)
             raise
-        r = SegReader(fd, slots, f)
         self._readers[f.path] = r
         while len(self._readers) > self._capacity:
             _path, old = self._readers.popitem(last=False)

@@ -21,7 +21,9 @@ from broker.storage import (
     GroupFailedError,
     LogManager,
     StorageConfig,
+    codec,
 )
+from broker.storage.segments import SegFile, SegmentCache
 
 from .helpers import entries, read_all
 
@@ -219,3 +221,43 @@ def test_corrupt_newest_snapshot_after_the_log_was_released_stops_the_group(tmp_
         with pytest.raises(CorruptSnapshotError, match="no longer holds"):
             m.open_group("a")
         m.open_group("b").append(entries("b", 1, 3, 1))  # other groups unaffected
+
+
+def test_a_slot_whose_term_went_bad_is_never_served(tmp_path: Path) -> None:
+    """An index slot has no checksum of its own; its entry's crc covers its
+    term. A term raised on disk (still non-decreasing, so the structure
+    checks pass) would let a stale log win an election: `term()` checks the
+    entry first, and the group stops instead of answering."""
+    segs = _segment_dir_with(tmp_path)
+    last = segs[-1]
+    buf = bytearray(last.read_bytes())
+    _flags, _max, count = codec.decode_segment_header(bytes(buf[: codec.SEG_HEADER_SIZE]), str(last))
+    pos = codec.SEG_HEADER_SIZE + (count - 1) * codec.SEG_SLOT_SIZE
+    idx, term, offset, length, crc = codec.SEG_SLOT.unpack_from(buf, pos)
+    codec.SEG_SLOT.pack_into(buf, pos, idx, term + 5, offset, length, crc)
+    last.write_bytes(bytes(buf))
+    with LogManager.open(tmp_path, BIG_WAL) as m:
+        with pytest.raises((CorruptionError, GroupFailedError)):
+            log = m.open_group("a")
+            log.term(idx)  # never term + 5
+        with pytest.raises(GroupFailedError):
+            log.term(idx)
+        assert _check_prefix_or_error(m, "b") == "full"
+
+
+def test_a_compacted_segment_whose_index_went_bad_is_not_a_hole(tmp_path: Path) -> None:
+    """In a compacted (sparse) segment a missing index is a compacted hole.
+    A slot index changed on disk (still increasing) must not pass for one:
+    such a file is checked whole when its reader opens."""
+    path = tmp_path / f"{1:020d}.segment"
+    buf = bytearray(codec.encode_segment(3, [(1, 1, 0, b"a"), (7, 2, 0, b"bb"), (9, 2, 0, b"ccc")],
+                                         reset=True, sparse=True))
+    pos = codec.SEG_HEADER_SIZE + codec.SEG_SLOT_SIZE  # the slot of entry 7
+    _idx, term, offset, length, crc = codec.SEG_SLOT.unpack_from(buf, pos)
+    path.write_bytes(bytes(buf))
+    seg = SegFile(1, str(path), 1, 9, True, True)
+    assert SegmentCache(4).reader(seg).checked_term(7) == 2  # intact: served
+    codec.SEG_SLOT.pack_into(buf, pos, 8, term, offset, length, crc)
+    path.write_bytes(bytes(buf))
+    with pytest.raises(CorruptSegmentError):
+        SegmentCache(4).reader(SegFile(1, str(path), 1, 9, True, True))

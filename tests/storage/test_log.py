@@ -64,7 +64,7 @@ def test_append_read_and_durable_callback(tmp_path: Path) -> None:
             log.entries(6, 5)
 
 
-def test_a_registered_entry_type_is_stored_as_it_is(tmp_path: Path) -> None:
+def test_a_registered_entry_type_is_stored_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Raft layer's entries are kept as appended (no conversion each
     way); they reach the WAL, segments and a reopen like storage's own, a
     kind that is an IntEnum included. An unregistered look-alike, or a
@@ -92,6 +92,10 @@ def test_a_registered_entry_type_is_stored_as_it_is(tmp_path: Path) -> None:
         kind: int
         data: bytes
 
+    from broker.storage import group as storage_group
+
+    # registered for this test only
+    monkeypatch.setattr(storage_group, "_STORED_AS_IS", set(storage_group._STORED_AS_IS))
     accept_entry_type(Mine)
     mine = [Mine(1, i, Kind.CONFIG if i % 3 == 0 else Kind.NORMAL, payload("r", i, 1)) for i in range(1, 31)]
     with manager(tmp_path, TINY) as m:  # 4 KiB WAL: rolls over into segments
