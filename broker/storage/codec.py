@@ -153,6 +153,13 @@ def entry_crc(index: int, term: int, stored: bytes | memoryview) -> int:
     return _crc32(stored, _crc32(_IT.pack(index, term)))
 
 
+def check_stored(s: SegmentSlot, stored: bytes | memoryview, where: str) -> None:
+    """Raise CorruptSegmentError unless `stored` is the entry (kind byte +
+    data) that slot `s` describes: its length and crc."""
+    if len(stored) != s.length or entry_crc(s.idx, s.term, stored) != s.crc:
+        raise CorruptSegmentError(f"{where}: entry {s.idx} checksum mismatch")
+
+
 class SegmentSlot(NamedTuple):
     """One 32-byte index slot of a segment file."""
 

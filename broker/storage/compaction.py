@@ -127,8 +127,7 @@ def plan(prefix: list[tuple[SegFile, int, int, int]], live_indexes: Iterable[int
             if rfd is None:
                 rfd = fds[f.path] = os.open(f.path, os.O_RDONLY)
             stored = os.pread(rfd, s.length, s.offset)
-            if len(stored) != s.length or codec.entry_crc(s.idx, s.term, stored) != s.crc:
-                raise CorruptSegmentError(f"{f.path}: entry {s.idx} checksum mismatch")
+            codec.check_stored(s, stored, f.path)
             entries.append((s.idx, s.term, stored[0], stored[1:]))
     except FileNotFoundError:
         return None

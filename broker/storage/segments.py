@@ -89,13 +89,20 @@ class SegReader:
             k = bisect.bisect_left(idxs, index)
             if k >= len(idxs) or idxs[k] != index:
                 return None
-        s = self.slots[k]
         if not self.checked[k]:
-            stored = os.pread(self.fd, s.length, s.offset)
-            if len(stored) != s.length or codec.entry_crc(s.idx, s.term, stored) != s.crc:
-                raise CorruptSegmentError(f"{self.seg.path}: entry {s.idx} checksum mismatch")
-            self.checked[k] = 1
-        return s.term
+            self._check(k)
+        return self.slots[k].term
+
+    def check_all(self) -> None:
+        """Check every entry's crc. Raises CorruptSegmentError."""
+        for k in range(len(self.slots)):
+            if not self.checked[k]:
+                self._check(k)
+
+    def _check(self, k: int) -> None:
+        s = self.slots[k]
+        codec.check_stored(s, os.pread(self.fd, s.length, s.offset), self.seg.path)
+        self.checked[k] = 1
 
 
 class SegmentCache:
@@ -130,8 +137,7 @@ class SegmentCache:
                 raise CorruptSegmentError(f"{f.path}: index range changed on disk")
             r = SegReader(fd, slots, f)
             if f.sparse:  # compacted: checked whole (see SegReader)
-                for k in range(len(slots)):
-                    r.checked_term(slots[k].idx)
+                r.check_all()
         except BaseException:
             os.close(fd)
             raise
@@ -287,8 +293,7 @@ def read_range(
     out: list[Entry] = []
     for s in slots:
         stored = buf[s.offset - start : s.offset - start + s.length]
-        if len(stored) != s.length or codec.entry_crc(s.idx, s.term, stored) != s.crc:
-            raise CorruptSegmentError(f"{path}: entry {s.idx} checksum mismatch")
+        codec.check_stored(s, stored, path)
         size += s.length - 1
         if max_bytes is not None and size > max_bytes and (have or out):
             return out, size, True
