@@ -287,7 +287,7 @@ class AmqpConnection(asyncio.Protocol):
             if vectored:  # no copy of the big bodies: uvloop writes them with writev
                 self.transport.writelines(out)
             else:
-                self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+                self.transport.write(b"".join(out))  # one part: itself, not a copy
         # Settles go after the write: those of no-ack deliveries renew the
         # consumer's credit, so they wait while the write just made left the
         # transport's buffer full (pause_writing holds "write"); sent before
