@@ -100,13 +100,14 @@ def _storage_manifest(data_dir: str, accounting: dict[str, LiveAccounting]) -> d
         g["vhost"] = acc.vhost if acc is not None else None
         g["queue"] = acc.queue if acc is not None else None
         if acc is None:
-            g.update(live_messages=None, smallest_live_index=None,
+            g.update(live_messages=None, live_log_entries=None, smallest_live_index=None,
                      oldest_live_timestamp_ms=None, oldest_live_holder=None)
             for s in g["segments"]:
                 s["live_entries"] = None
             continue
         live = acc.live_indexes
-        g.update(live_messages=len(live), smallest_live_index=live[0] if live else None,
+        g.update(live_messages=acc.live_messages, live_log_entries=len(live),
+                 smallest_live_index=live[0] if live else None,
                  oldest_live_timestamp_ms=acc.oldest_live_timestamp_ms,
                  oldest_live_holder=acc.oldest_live_holder)
         for s in g["segments"]:

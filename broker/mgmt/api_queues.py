@@ -409,7 +409,7 @@ async def get_messages(request: web.Request) -> web.Response:
                 break
             if not no_ack:
                 taken.append(reply.msg_id)
-            msg = q.message(reply.raft_index)
+            msg = q.message(reply.key)
             payload = msg.body
             size = len(payload)
             if truncate is not None:

@@ -90,6 +90,7 @@ SCHEMAS: dict[str, Any] = {
                     "snapshot_term": {"type": "integer", "nullable": True},
                     "snapshot_bytes": _INT,
                     "live_messages": {"type": "integer", "nullable": True},
+                    "live_log_entries": {"type": "integer", "nullable": True},
                     "smallest_live_index": {"type": "integer", "nullable": True},
                     "oldest_live_timestamp_ms": {"type": "integer", "nullable": True},
                     "oldest_live_holder": {"type": "string", "nullable": True},

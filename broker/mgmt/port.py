@@ -210,9 +210,10 @@ class LiveAccounting:
 
     vhost: str
     queue: str
-    live_indexes: Sequence[int]  # sorted
+    live_indexes: Sequence[int]  # sorted raft indexes of the entries holding live messages
     oldest_live_timestamp_ms: int | None
     oldest_live_holder: str | None
+    live_messages: int = 0  # one entry may hold several (a batch entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +245,7 @@ class QueueHandle(Protocol):
         """Submit an idempotent command until applied or the queue is gone."""
         ...
 
-    def message(self, raft_index: int) -> StoredMessage: ...
+    def message(self, key: int) -> StoredMessage: ...  # a message key (qm.msg_key)
 
     def enqueue(self, properties: bytes, body: bytes, exchange: str, routing_key: str,
                 priority: int | None, expiration_ms: int | None) -> Awaitable[object]:

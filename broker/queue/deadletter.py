@@ -1,7 +1,7 @@
 """x-death headers for dead-lettered messages, written as RabbitMQ writes them.
 
 Pipeline position: the machine emits `DeadLetter`/`DeadLetterDeliver`
-effects that carry raft indexes only; the runtime reads each body and its
+effects that carry message keys only; the runtime reads each body and its
 properties from the log and calls `x_death_headers` to build the headers of
 the republished copy. Pure: time is passed in.
 

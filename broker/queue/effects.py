@@ -4,12 +4,13 @@ Pipeline position: `apply` returns `(state, reply, effects)`; the runtime's
 effect interpreter (only on the leader, except where noted) executes the
 effects in list order. Effects are data and idempotent enough to re-run after
 a leader change: deliveries are identified by (consumer, msg_id) and dead
-letters by raft index.
+letters by message key (raft index and position, `types.msg_key`).
 
 What the runtime must do with each effect:
 
-- `Deliver(consumer, deliveries)`: for every `(msg_id, raft_index,
-  delivery_count, redelivered)` read the body at `raft_index` from the local
+- `Deliver(consumer, deliveries)`: for every `(msg_id, key,
+  delivery_count, redelivered)` read the body with that message key (its
+  entry's raft index and position, `types.msg_key`) from the local
   log and send basic.deliver on the consumer's channel, with
   ``x-delivery-count`` = delivery_count when it is > 0 and the redelivered
   flag as given. (The consumer's node does it, from its own replica.)
@@ -56,7 +57,7 @@ class DeadLetterReason(StrEnum):
     DELIVERY_LIMIT = "delivery_limit"
 
 
-# (msg_id, raft_index, delivery_count, redelivered)
+# (msg_id, message key, delivery_count, redelivered)
 Delivery = tuple[MsgId, int, int, bool]
 
 
@@ -69,7 +70,7 @@ class Deliver:
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     reason: DeadLetterReason
-    # (raft_index, delivery_count)
+    # (message key, delivery_count)
     messages: tuple[tuple[int, int], ...]
     exchange: str
     routing_key: str | None
@@ -77,7 +78,7 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetterDeliver:
-    # (dlx_msg_id, raft_index, reason, delivery_count)
+    # (dlx_msg_id, message key, reason, delivery_count)
     messages: tuple[tuple[int, int, DeadLetterReason, int], ...]
     exchange: str
     routing_key: str | None
@@ -164,11 +165,11 @@ OK = Ok.OK
 
 @dataclass(frozen=True, slots=True)
 class Dequeued:
-    """basic.get-ok: read the body at `raft_index`; settle `msg_id` with the
+    """basic.get-ok: read the body with message key `key`; settle `msg_id` with the
     channel's pseudo-consumer unless the get was settled (no-ack)."""
 
     msg_id: MsgId
-    raft_index: int
+    key: int
     delivery_count: int
     redelivered: bool
     messages_ready: int

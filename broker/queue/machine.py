@@ -12,12 +12,14 @@ whole command). Purity where it matters is given by `snapshot()`/`restore()`
 (a byte-exact, msgpack-encoded copy that behaves identically from then on);
 callers that need the "before" state take a snapshot first.
 
-Message records: bodies are never in the state. A ready message is one int,
-``raft_index << 32 | size`` (see `pack`), in a `collections.deque`. Only
+Message records: bodies are never in the state. A message is named by its
+key, ``raft_index << KEY_POS_BITS | position`` (types.py: the entry that
+holds it and its place in a batch entry). A ready message is one int,
+``key << 32 | size`` (see `pack`), in a `RecordFifo`. Only
 messages carrying a non-default field (delivery count, redelivered, expiry)
-have an entry in the side dict `extra`: raft_index -> (delivery_count,
+have an entry in the side dict `extra`: key -> (delivery_count,
 times_returned). A message with an expiry (TTL) carries it in the same int,
-above the index: ``(expiry_ms + 1) << 96 | raft_index << 32 | size``, so TTL
+above the key: ``(expiry_ms + 1) << 96 | key << 32 | size``, so TTL
 costs a few bytes per message, not a dict entry.
 
 Ready messages live in three FIFOs: `returns` (returned while a delivery limit
@@ -90,7 +92,7 @@ from .effects import (
 )
 from .errors import QueueCommandError, QueueInvariantError
 from .fifo import RecordFifo
-from .types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta, MsgId
+from .types import BATCH_MAX, DEQUEUE_TAG, KEY_POS_BITS, ChannelRef, ConsumerId, Meta, MsgId
 
 SIZE_BITS = 32
 SIZE_MASK = (1 << SIZE_BITS) - 1
@@ -117,17 +119,17 @@ _REASON_CODE = {r: i for i, r in enumerate(_REASONS)}
 _NO_HDR = (0, 0)
 
 
-def pack(raft_index: int, size: int, expiry_ms: int | None = None) -> int:
-    """The compact record of a message: raft index, body size and (when it
+def pack(key: int, size: int, expiry_ms: int | None = None) -> int:
+    """The compact record of a message: its key, body size and (when it
     has one) its expiry time, in one int."""
-    rec = (raft_index << SIZE_BITS) | size
+    rec = (key << SIZE_BITS) | size
     if expiry_ms is not None:
         rec |= (expiry_ms + 1) << EXP_SHIFT
     return rec
 
 
-def rec_index(rec: int) -> int:
-    """The raft index of a packed record."""
+def rec_key(rec: int) -> int:
+    """The message key of a packed record (types.py: entry index and position)."""
     return (rec >> SIZE_BITS) & IDX_MASK
 
 
@@ -186,7 +188,7 @@ class QueueState:
         self.prio_counter = 0
         self.extra: dict[int, tuple[int, int]] = {}
         self.ttl_seen = False  # sticky: some message ever carried an expiry
-        # raft indexes appended to `lo` out of index order (returns to the back)
+        # message keys appended to `lo` out of index order (returns to the back)
         self.out_of_order: set[int] = set()
         self.ready_bytes = 0
         self.consumers: dict[ConsumerId, Consumer] = {}
@@ -244,24 +246,29 @@ class QueueState:
         return sum(1 for c in self.consumers.values() if c.status in (UP, QUIESCING, WAITING))
 
     def smallest_live_index(self) -> int | None:
-        """Smallest raft index still holding a live message (ready, checked
-        out, returned or dead-lettered awaiting confirmation), or None."""
+        """Smallest raft index still holding a live message, or None."""
+        key = self.smallest_live_key()
+        return None if key is None else key >> KEY_POS_BITS
+
+    def smallest_live_key(self) -> int | None:
+        """Smallest key of a live message (ready, checked out, returned or
+        dead-lettered awaiting confirmation), or None."""
         cands: list[int] = []
         if self.lo:
-            cands.append(rec_index(self.lo[0]))
+            cands.append(rec_key(self.lo[0]))
         if self.hi:
-            cands.append(rec_index(self.hi[0]))
+            cands.append(rec_key(self.hi[0]))
         if self.out_of_order:
             cands.append(min(self.out_of_order))
         if self.returns:
-            cands.append(min(rec_index(r) for r in self.returns))
+            cands.append(min(rec_key(r) for r in self.returns))
         for c in self.consumers.values():
             if c.checked:
-                cands.append(min(rec_index(r) for r in c.checked.values()))
+                cands.append(min(rec_key(r) for r in c.checked.values()))
         if self.dlx_pending:
-            cands.append(min(rec_index(r) for r, _, _ in self.dlx_pending))
+            cands.append(min(rec_key(r) for r, _, _ in self.dlx_pending))
         if self.dlx_checked:
-            cands.append(min(rec_index(r) for r, _, _ in self.dlx_checked.values()))
+            cands.append(min(rec_key(r) for r, _, _ in self.dlx_checked.values()))
         return min(cands) if cands else None
 
     def overview(self) -> dict[str, Any]:
@@ -455,13 +462,13 @@ def _drop_for_limits(st: QueueState) -> None:
     while _over_limit(st) and (st.returns or st.hi or st.lo):
         rec = _take_next(st)
         st.ready_bytes -= rec & SIZE_MASK
-        h = st.extra.pop(rec_index(rec), None) if st.extra else None
+        h = st.extra.pop(rec_key(rec), None) if st.extra else None
         st.dls.append((code, rec, h[0] if h else 0))
 
 
 def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
     """Put a checked-out message back (or dead-letter it past the limit)."""
-    idx = rec_index(rec)
+    idx = rec_key(rec)
     dc, returned = st.extra.get(idx, _NO_HDR)
     if count_failure:
         dc += 1
@@ -476,8 +483,8 @@ def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
     elif st.config.requeue_in_place:
         # `lo` stays in index order: the message goes back where it was
         lo = st.lo
-        if lo and rec_index(lo[-1]) > idx:
-            lo.insort(rec, rec_index)
+        if lo and rec_key(lo[-1]) > idx:
+            lo.insort(rec, rec_key)
         else:
             lo.append(rec)
     else:
@@ -487,7 +494,7 @@ def _return_one(st: QueueState, rec: int, count_failure: bool) -> None:
 
 
 def _discard_one(st: QueueState, rec: int) -> None:
-    h = st.extra.pop(rec_index(rec), None) if st.extra else None
+    h = st.extra.pop(rec_key(rec), None) if st.extra else None
     st.dls.append((_REASON_CODE[DeadLetterReason.REJECTED], rec, h[0] if h else 0))
 
 
@@ -582,7 +589,7 @@ def _flush_dead_letters(st: QueueState, effects: list[Effect]) -> None:
             j = i
             batch: list[tuple[int, int]] = []
             while j < n and dls[j][0] == code:
-                batch.append((rec_index(dls[j][1]), dls[j][2]))
+                batch.append((rec_key(dls[j][1]), dls[j][2]))
                 j += 1
             effects.append(DeadLetter(_REASONS[code], tuple(batch), cfg.dead_letter_exchange,
                                       cfg.dead_letter_routing_key))
@@ -600,7 +607,7 @@ def _dlx_checkout(st: QueueState, effects: list[Effect]) -> None:
         i = st.dlx_next_id
         st.dlx_next_id = i + 1
         st.dlx_checked[i] = item
-        batch.append((i, rec_index(item[0]), _REASONS[item[1]], item[2]))
+        batch.append((i, rec_key(item[0]), _REASONS[item[1]], item[2]))
     if batch:
         effects.append(DeadLetterDeliver(tuple(batch), cfg.dead_letter_exchange,
                                          cfg.dead_letter_routing_key))
@@ -713,9 +720,12 @@ def _enqueue(meta: Meta, cmd: Enqueue, st: QueueState) -> tuple[Reply, list[Effe
     size = cmd.size
     if size < 0 or size > SIZE_MASK:
         raise QueueCommandError(f"enqueue size out of range: {size}")
-    idx = meta.index
-    if idx < 0 or idx > IDX_MASK:
-        raise QueueCommandError(f"raft index out of range: {idx}")
+    pos = meta.pos
+    if pos < 0 or pos >= BATCH_MAX:
+        raise QueueCommandError(f"batch position out of range: {pos}")
+    idx = (meta.index << KEY_POS_BITS) | pos
+    if meta.index < 0 or idx > IDX_MASK:
+        raise QueueCommandError(f"raft index out of range: {meta.index}")
     cfg = st.config
     ttl = cfg.message_ttl_ms
     exp = cmd.expiration_ms
@@ -847,7 +857,7 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState) -> tuple[Reply, list[Effe
         return DequeueEmpty(), effects
     rec = _take_next(st)
     st.ready_bytes -= rec & SIZE_MASK
-    idx = rec_index(rec)
+    idx = rec_key(rec)
     h = st.extra.get(idx, _NO_HDR) if st.extra else _NO_HDR
     if cmd.settled:
         if h is not _NO_HDR:
@@ -936,7 +946,7 @@ def _purge(meta: Meta, cmd: Purge, st: QueueState) -> tuple[Reply, list[Effect]]
     if st.extra:
         for q in (st.returns, st.hi, st.lo):
             for rec in q:
-                st.extra.pop(rec_index(rec), None)
+                st.extra.pop(rec_key(rec), None)
     st.returns.clear()
     st.hi.clear()
     st.lo.clear()

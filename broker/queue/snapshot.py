@@ -7,6 +7,11 @@ InstallSnapshot. `restore(snapshot(s))` is equal to `s` (see `to_plain`) and
 behaves identically for every future command: every field that influences
 behaviour, including round-robin positions, the priority counter, dictionary
 orders and the release-cursor counter, is serialised.
+
+Versions: 2 names messages by key (types.msg_key: raft index and position in
+a batch entry); 1 named them by raft index, and is read by turning every
+index into the key of position 0 (`from_plain`), which is what a log of
+entries of one enqueue each gives under version 2.
 """
 from __future__ import annotations
 
@@ -19,10 +24,10 @@ from .commands import CreditMode
 from .config import QueueConfig
 from .errors import SnapshotError
 from .fifo import RecordFifo
-from .machine import Consumer, QueueState
-from .types import ChannelRef, ConsumerId
+from .machine import EXP_SHIFT, IDX_MASK, SIZE_BITS, SIZE_MASK, Consumer, QueueState
+from .types import KEY_POS_BITS, ChannelRef, ConsumerId
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 
 _U64 = (1 << 64) - 1
@@ -100,8 +105,45 @@ def to_plain(st: QueueState) -> dict[str, Any]:
     }
 
 
+def _rekey_rec(rec: int) -> int:
+    """A version-1 record (raft index) as a version-2 record (key at position 0)."""
+    index = (rec >> SIZE_BITS) & IDX_MASK
+    return ((rec >> EXP_SHIFT) << EXP_SHIFT) | ((index << KEY_POS_BITS) << SIZE_BITS) | (rec & SIZE_MASK)
+
+
+def upgrade_plain(d: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 plain state in version 2's terms (raft index -> key of
+    position 0); a version-2 one as it is."""
+    if d.get("v") != 1:
+        return d
+    r = _rekey_rec
+    k = KEY_POS_BITS
+    d = dict(d)
+    d["v"] = 2
+    for f in ("lo", "hi", "returns"):
+        d[f] = [_enc(r(_dec(x))) for x in d[f]]
+    d["extra"] = [[i << k, a, b] for i, a, b in d["extra"]]
+    d["out_of_order"] = [i << k for i in d["out_of_order"]]
+    d["consumers"] = [[*c[:5], [[m, _enc(r(_dec(x)))] for m, x in c[5]], *c[6:]] for c in d["consumers"]]
+    d["dlx_pending"] = [[_enc(r(_dec(x))), code, dc] for x, code, dc in d["dlx_pending"]]
+    d["dlx_checked"] = [[i, _enc(r(_dec(x))), code, dc] for i, x, code, dc in d["dlx_checked"]]
+    return d
+
+
+def is_version_1(data: bytes) -> bool:
+    """Whether snapshot bytes name messages by raft index (version 1): the
+    runtime's own records kept beside them (bodies, transient messages) are
+    keyed the same way and need the same upgrade."""
+    try:
+        plain = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # any decoding problem is a bad snapshot
+        raise SnapshotError(f"corrupt queue snapshot: {exc}") from exc
+    return isinstance(plain, dict) and plain.get("v") == 1
+
+
 def from_plain(d: dict[str, Any]) -> QueueState:
-    """Inverse of `to_plain`."""
+    """Inverse of `to_plain` (a version-1 form is upgraded first)."""
+    d = upgrade_plain(d)
     if d.get("v") != SNAPSHOT_VERSION:
         raise SnapshotError(f"unsupported queue snapshot version {d.get('v')!r}")
     st = QueueState(QueueConfig.from_dict(d["config"]), d["last_active"])

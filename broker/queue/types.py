@@ -19,6 +19,30 @@ channel maps it to its own delivery tag."""
 
 RaftIndex = NewType("RaftIndex", int)
 
+#: A message's key names the log entry that holds it and its place in that
+#: entry: ``raft_index << KEY_POS_BITS | position``. One entry may carry a
+#: batch of up to `BATCH_MAX` enqueues (runtime/queues.py); an entry of one
+#: enqueue is position 0. Keys increase with enqueue order, like the indexes
+#: they replace.
+KEY_POS_BITS = 5
+BATCH_MAX = 1 << KEY_POS_BITS
+_POS_MASK = BATCH_MAX - 1
+
+
+def msg_key(raft_index: int, pos: int = 0) -> int:
+    """The key of the message at `pos` in the entry at `raft_index`."""
+    return (raft_index << KEY_POS_BITS) | pos
+
+
+def key_index(key: int) -> int:
+    """The raft index of the entry that holds the message with `key`."""
+    return key >> KEY_POS_BITS
+
+
+def key_pos(key: int) -> int:
+    """The position of the message with `key` within its entry."""
+    return key & _POS_MASK
+
 DEQUEUE_TAG = ""
 """Consumer tag of a channel's basic.get pseudo-consumer: AMQP clients never
 get an empty consumer tag (the server names unnamed consumers), so it cannot
@@ -47,3 +71,5 @@ class Meta(NamedTuple):
     index: int  # type: ignore[assignment]  # shadows tuple.index on purpose
     term: int
     timestamp_ms: int
+    #: the command's position within a batch entry (0 for an entry of one)
+    pos: int = 0

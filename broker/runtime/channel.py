@@ -639,13 +639,13 @@ class Channel:
     async def _get(self, q: QueueProcess, m: C.Basic.Get) -> None:
         reply = await self.node.commands.queue_command(q, qm.Dequeue(self.ref, bool(m.no_ack)))
         if isinstance(reply, qm.Dequeued):
-            found = self.node.commands.dequeued_message(q, reply.raft_index)
+            found = self.node.commands.dequeued_message(q, reply.key)
             if found is None:
                 # The body is not on this node any more (its member went away
                 # while the get was in flight): give the message back, answer
                 # empty rather than fail the connection.
                 log.warning("%s: basic.get body %d not readable here; returned", q.name,
-                            reply.raft_index)
+                            reply.key)
                 if not m.no_ack:
                     self.node.commands.queue_command_reliable(q.uid, qm.Return(
                         ConsumerId(self.ref, DEQUEUE_TAG), (reply.msg_id,)))

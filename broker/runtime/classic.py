@@ -45,12 +45,22 @@ from broker import queue as qm
 from broker import storage as st
 from broker.common.packing import packb
 from broker.queue import effects as qe
-from broker.queue.machine import SIZE_MASK, rec_index
-from broker.queue.types import DEQUEUE_TAG, ChannelRef, Meta, MsgId
+from broker.queue.machine import SIZE_MASK, rec_key
+from broker.queue.snapshot import is_version_1
+from broker.queue.types import (
+    DEQUEUE_TAG,
+    KEY_POS_BITS,
+    ChannelRef,
+    Meta,
+    MsgId,
+    key_index,
+    key_pos,
+    msg_key,
+)
 
 from . import wire
 from .errors import QueueGone
-from .queues import Host, Message, QueueProcess, live_indexes
+from .queues import Host, Message, QueueProcess, live_keys
 
 log = logging.getLogger("broker.classic")
 
@@ -112,7 +122,7 @@ class DurableClassicQueue(QueueProcess):
         self.snapshot_every = snapshot_every
         self.applied_since_snapshot = 0
         self.stopped: BaseException | None = None
-        # Raft indexes of live transient messages (a superset: pruned at snapshots).
+        # Keys of live transient messages (a superset: pruned at snapshots).
         self._transient: set[int] = set()
         self._pending: deque[_Pending] = deque()
         self.recovered = self._recover()
@@ -132,7 +142,9 @@ class DurableClassicQueue(QueueProcess):
         if snap is not None:
             doc = msgpack.unpackb(snap.data, raw=False, strict_map_key=False)
             self.state = qm.restore(doc["state"])
-            self._transient = set(doc.get("transient", ()))
+            # message keys (raft indexes in a snapshot of state version 1)
+            shift = KEY_POS_BITS if is_version_1(doc["state"]) else 0
+            self._transient = {i << shift for i in doc.get("transient", ())}
             start = snap.meta.index + 1
         last = glog.last_index()
         stats = {"replayed": 0, "channels_down": 0, "transient_dropped": 0}
@@ -179,11 +191,11 @@ class DurableClassicQueue(QueueProcess):
         n = 0
         if drop:
             for q in (st_.returns, st_.hi, st_.lo):
-                keep = [r for r in q if rec_index(r) not in drop]
+                keep = [r for r in q if rec_key(r) not in drop]
                 if len(keep) == len(q):
                     continue
                 for r in q:
-                    idx = rec_index(r)
+                    idx = rec_key(r)
                     if idx in drop:
                         n += 1
                         st_.ready_bytes -= r & SIZE_MASK
@@ -192,19 +204,19 @@ class DurableClassicQueue(QueueProcess):
                 q.clear()
                 q.extend(keep)
         # transient messages still checked out (by consumers on other nodes) stay tracked
-        self._transient = drop & set(live_indexes(st_))
+        self._transient = drop & set(live_keys(st_))
         return n
 
     def _snapshot(self, index: int) -> None:
         """Write the state as of `index` (durable and applied) and release
         the segments below the smallest live message."""
-        live = live_indexes(self.state)
+        live = live_keys(self.state)
         self._transient &= set(live)
         data = msgpack.packb({"state": qm.snapshot(self.state), "transient": sorted(self._transient)},
                              use_bin_type=True)
         self.glog.save_snapshot(index, TERM, b"", data)
         self.applied_since_snapshot = 0
-        self.glog.release(live[0] if live else index + 1)
+        self.glog.release(key_index(live[0]) if live else index + 1)
 
     # ---------------------------------------------------------------- applying
     def _apply_machine(self, meta: Meta, cmd: qm.Command) -> Any:
@@ -217,7 +229,7 @@ class DurableClassicQueue(QueueProcess):
         """Apply one durable entry (live or replayed). A machine error is the
         command's reply failure, the same in both (the machine is deterministic)."""
         if wire.is_enqueue(payload) and not is_persistent(wire.enqueue_properties(payload)):
-            self._transient.add(index)
+            self._transient.add(msg_key(index))
         self.applied_since_snapshot += 1
         return self._apply_payload(index, TERM, ts, payload)
 
@@ -230,7 +242,7 @@ class DurableClassicQueue(QueueProcess):
         if self.applied_since_snapshot >= self.snapshot_every:
             self.applied_since_snapshot = 0
             self._loop.call_soon(self._write_snapshot, eff.index, qm.snapshot(self.state),
-                                 set(self._transient), live_indexes(self.state))
+                                 set(self._transient), live_keys(self.state))
 
     def _write_snapshot(self, index: int, state: bytes, transient: set[int], live: list[int]) -> None:
         if self.deleted or self.stopped is not None:
@@ -242,7 +254,7 @@ class DurableClassicQueue(QueueProcess):
             transient &= set(live)
             data = msgpack.packb({"state": state, "transient": sorted(transient)}, use_bin_type=True)
             self.glog.save_snapshot(index, TERM, b"", data)
-            self.glog.release(live[0] if live else index + 1)
+            self.glog.release(key_index(live[0]) if live else index + 1)
         except (st.StorageError, OSError) as exc:  # a full disk: the log stays, try again later
             log.warning("classic queue %s/%s: snapshot at %d not written: %s", self.vhost, self.name,
                         index, exc)
@@ -343,11 +355,9 @@ class DurableClassicQueue(QueueProcess):
                 if not p.fut.done():
                     p.fut.set_exception(st.GroupFailedError(f"classic queue stopped: {exc}"))
 
-    def _read_message(self, index: int) -> Message:
-        entries = self.glog.entries(index, index + 1)
-        _ts, payload = msgpack.unpackb(entries[0].data, raw=False, strict_map_key=False)
-        _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
-        return (props, body, exchange, rk)
+    def _read_message(self, key: int) -> Message:
+        index = key_index(key)
+        return wire.queue_message(self.glog.entries(index, index + 1)[0].data, key_pos(key))
 
     # ---------------------------------------------------------------- channels
     def _reap(self) -> None:
@@ -380,7 +390,7 @@ class DurableClassicQueue(QueueProcess):
         for cid, c in list(st_.consumers.items()):
             if not c.checked or cid.tag == DEQUEUE_TAG or cid.channel.split("|", 1)[0] == self.host.node_name:
                 continue
-            deliveries = tuple((MsgId(msg_id), rec_index(r), st_.extra.get(rec_index(r), (0, 0))[0], True)
+            deliveries = tuple((MsgId(msg_id), rec_key(r), st_.extra.get(rec_key(r), (0, 0))[0], True)
                                for msg_id, r in c.checked.items())
             try:
                 self._deliver(qe.Deliver(cid, deliveries))

@@ -462,7 +462,7 @@ class Cluster:
             if isinstance(result, qm.Dequeued):
                 # basic.get from a node that may hold no replica: send the body along
                 q = self.node.queue(vhost, queue)
-                body = list(q.message(result.raft_index)) if q is not None else None
+                body = list(q.message(result.key)) if q is not None else None
                 reply("ok", ["dqb", encode_reply(result), body])
             else:
                 reply("ok", encode_reply(result))
@@ -479,7 +479,7 @@ class Cluster:
                 if value[2] is not None:
                     # kept by the node, not by a queue process that a
                     # membership change may replace before the get reads it
-                    self.node.remember_dequeued(req.vhost, req.queue, result.raft_index,
+                    self.node.remember_dequeued(req.vhost, req.queue, result.key,
                                                 tuple(value[2]))
                 req.future.set_result(result)
                 return

@@ -146,26 +146,26 @@ class Commands:
             raise QueueGone(f"queue '{uid[1]}' in vhost '{uid[0]}' is gone")
         return q._submit(payload)
 
-    def remember_dequeued(self, vhost: str, name: str, index: int, msg: Message) -> None:
-        """A basic.get's body shipped by a leader on another node."""
+    def remember_dequeued(self, vhost: str, name: str, key: int, msg: Message) -> None:
+        """A basic.get's body (message `key`) shipped by a leader on another node."""
         bodies = self._dequeued_bodies
-        bodies[(vhost, name, index)] = msg
+        bodies[(vhost, name, key)] = msg
         while len(bodies) > 1024:  # a get reads its body at once; bound stragglers
             bodies.pop(next(iter(bodies)))
 
-    def dequeued_message(self, q: QueueProcess, index: int) -> Message | None:
+    def dequeued_message(self, q: QueueProcess, key: int) -> Message | None:
         """The body of a message a basic.get dequeued: shipped with the reply,
         or read from this node's replica (the current one: a membership change
         may have replaced the process), or None when it is not here."""
-        msg = self._dequeued_bodies.pop((q.vhost, q.name, index), None)
+        msg = self._dequeued_bodies.pop((q.vhost, q.name, key), None)
         if msg is not None:
             return msg
         for cand in (q, self.live_queue(q.uid)):
             if cand is None:
                 continue
             try:
-                return cand.message(index)
-            except (KeyError, IndexError, st.StorageError):
+                return cand.message(key)
+            except (KeyError, IndexError, ValueError, st.StorageError):
                 continue
         return None
 

@@ -83,8 +83,8 @@ class QueueRef:
     def command_reliable(self, cmd: qm.Command, on_applied: Callable[[], None] | None = None) -> None:
         self._node.commands.queue_command_reliable(self._q.uid, cmd, on_applied)
 
-    def message(self, raft_index: int) -> StoredMessage:
-        props, body, exchange, routing_key = self._q.message(raft_index)[:4]
+    def message(self, key: int) -> StoredMessage:
+        props, body, exchange, routing_key = self._q.message(key)[:4]
         return StoredMessage(bytes(props), bytes(body), exchange, routing_key)
 
     def enqueue(self, properties: bytes, body: bytes, exchange: str, routing_key: str,
@@ -298,7 +298,7 @@ class NodePort:
             acc = q.storage_accounting()
             out[acc["group_id"]] = LiveAccounting(
                 q.vhost, q.name, acc["live_indexes"], acc["oldest_live_timestamp_ms"],
-                acc["oldest_live_holder"])
+                acc["oldest_live_holder"], acc["live_messages"])
         return out
 
     # ------------------------------------------------------------ membership

@@ -8,7 +8,10 @@ to local consumers (bodies read from this node's copy of the log), timers,
 dead-letter publishes, queue expiry, log release.
 
 Log entry payloads: see `runtime/wire.py` (their one owner). The enqueue
-entry *is* the message: deliveries read it back by raft index.
+entry *is* the message: deliveries read it back by message key (the entry's
+raft index and the enqueue's position in it: a leader proposes the enqueues
+submitted in one pass of the event loop as one batch entry, see
+`QuorumQueue.propose`).
 
 Why one file of this size: the queue processes share one base (`QueueProcess`:
 consumers, effect interpretation, deliveries, body cache); the quorum, remote
@@ -27,14 +30,26 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker import queue as qm
 from broker import storage as st
 from broker.queue import effects as qe
-from broker.queue.machine import rec_index
-from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, Meta, MsgId
+from broker.queue.machine import rec_key
+from broker.queue.snapshot import is_version_1
+from broker.queue.types import (
+    BATCH_MAX,
+    DEQUEUE_TAG,
+    KEY_POS_BITS,
+    ChannelRef,
+    ConsumerId,
+    Meta,
+    MsgId,
+    key_index,
+    key_pos,
+    msg_key,
+)
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
 from . import wire
 from .dead_letter import DlxHost, DlxWorker
 from .machine import Cursor, MachineSnapshot
-from .raft_group import RaftGroup
+from .raft_group import ProposalFailed, RaftGroup
 
 if TYPE_CHECKING:
     from .channel import Consumer
@@ -44,6 +59,9 @@ log = logging.getLogger("broker.queues")
 Message = tuple[bytes, bytes, str, str]  # properties_raw, body, exchange, routing_key
 #: Body bytes per deliveries message sent to a consumer's node.
 DELIVERY_BATCH_BYTES = 16 * 1024 * 1024
+#: Body bytes a leader gathers into one batch entry before proposing it
+#: (bigger bodies gain nothing from sharing an entry).
+PROPOSE_BATCH_BYTES = 256 * 1024
 #: A queue's identity: vhost, name and its declaration's creation time (a
 #: queue deleted and declared again is another queue). Channels key their
 #: publish numbering and settles by it, never by the Python object: a
@@ -107,7 +125,7 @@ class QueueProcess:
         self.blocked_publishers: set[ChannelRef] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
-        # Recently applied message bodies (raft index -> message), bounded.
+        # Recently applied message bodies (message key -> message), bounded.
         self._cache: OrderedDict[int, Message] = OrderedDict()
         self._cache_bytes = 0
         self.cache_limit = 64 * 1024 * 1024
@@ -122,7 +140,7 @@ class QueueProcess:
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         raise NotImplementedError
 
-    def _read_message(self, index: int) -> Message:
+    def _read_message(self, key: int) -> Message:
         raise NotImplementedError
 
     @property
@@ -147,11 +165,11 @@ class QueueProcess:
         return self._submit(wire.payload_for(cmd))
 
     # ---------------------------------------------------------------- applying
-    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any]) -> Any:
+    def _apply_payload(self, index: int, term: int, ts: int, payload: list[Any], pos: int = 0) -> Any:
         cmd, msg = wire.queue_command(payload)
         if msg is not None:
-            self._remember(index, msg)
-        self.state, reply, effects = qm.apply(Meta(index, term, ts), cmd, self.state)
+            self._remember((index << KEY_POS_BITS) | pos, msg)
+        self.state, reply, effects = qm.apply(Meta(index, term, ts, pos), cmd, self.state)
         if effects:
             self._run_effects(effects)
         if msg is None and type(cmd) is not qm.Settle:
@@ -181,22 +199,23 @@ class QueueProcess:
                 log.debug("%s: expiry tick not proposed: %s", self.name, exc)
         self._arm_expiry()
 
-    def _remember(self, index: int, msg: Message) -> None:
+    def _remember(self, key: int, msg: Message) -> None:
         cache = self._cache
-        cache[index] = msg
+        cache[key] = msg
         self._cache_bytes += len(msg[1]) + len(msg[0])
         while self._cache_bytes > self.cache_limit and cache:
             _, old = cache.popitem(last=False)
             self._cache_bytes -= len(old[1]) + len(old[0])
 
-    def message(self, index: int) -> Message:
-        msg = self._cache.get(index)
+    def message(self, key: int) -> Message:
+        """The message with `key` (types.msg_key): cached, or read from the log."""
+        msg = self._cache.get(key)
         if msg is not None:
             return msg
-        return self._read_message(index)
+        return self._read_message(key)
 
-    def _forget(self, index: int) -> None:
-        msg = self._cache.pop(index, None)
+    def _forget(self, key: int) -> None:
+        msg = self._cache.pop(key, None)
         if msg is not None:
             self._cache_bytes -= len(msg[1]) + len(msg[0])
 
@@ -256,7 +275,7 @@ class QueueProcess:
         size = 0
         for d in eff.deliveries:
             index = d[1]
-            if index > has:
+            if key_index(index) > has:
                 msg = self.message(index)
                 if batch and size + len(msg[1]) + len(msg[0]) > DELIVERY_BATCH_BYTES:
                     self.host.send_deliveries(node, self.vhost, self.name, eff.consumer.channel,
@@ -327,11 +346,11 @@ class QueueProcess:
             self._set_timer(max(at - int(time.time() * 1000), 1))
 
     def _release(self, eff: qe.ReleaseCursor) -> None:
-        """Drop cached bodies below the smallest live index."""
+        """Drop cached bodies of entries below the smallest live index."""
         cache = self._cache
         while cache:
             first = next(iter(cache))
-            if first >= eff.smallest_live_index:
+            if key_index(first) >= eff.smallest_live_index:
                 break
             self._forget(first)
 
@@ -377,8 +396,8 @@ class RemoteQueue(QueueProcess):
     def leader_node(self) -> str | None:
         return self.host.recorded_leader(self.vhost, self.name)
 
-    def _read_message(self, index: int) -> Message:
-        raise KeyError(f"queue {self.name}: message {index} is not on this node")
+    def _read_message(self, key: int) -> Message:
+        raise KeyError(f"queue {self.name}: message {key} is not on this node")
 
     def overview(self) -> dict[str, Any]:
         return {"messages_ready": 0, "messages_unacknowledged": 0, "messages": 0}
@@ -406,8 +425,8 @@ class ClassicQueue(QueueProcess):
             fut.set_exception(exc)
         return fut
 
-    def _read_message(self, index: int) -> Message:
-        raise KeyError(f"classic queue {self.name}: message {index} is gone")
+    def _read_message(self, key: int) -> Message:
+        raise KeyError(f"classic queue {self.name}: message {key} is gone")
 
 
 class QuorumQueue(QueueProcess):
@@ -436,8 +455,16 @@ class QuorumQueue(QueueProcess):
         # again replays history, whose external effects already happened.
         self._recovered_index = glog.last_index()
         # Bodies of live messages below the snapshot index that this replica's
-        # log does not hold (it was installed from the leader's snapshot).
+        # log does not hold (it was installed from the leader's snapshot), by key.
         self._snap_bodies: dict[int, Message] = {}
+        # Enqueues submitted on this leader, not yet proposed (one batch entry
+        # at the end of this pass of the event loop; see `propose`), with
+        # their futures and body bytes.
+        self._batch: list[list[Any]] = []
+        self._batch_futs: list[asyncio.Future[Any]] = []
+        self._batch_bytes = 0
+        # The last batch entry read back from the log: (index, its enqueues).
+        self._read_batch: tuple[int, list[list[Any]]] | None = None
         # The release cursor the entry being applied emitted (release_cursor).
         self._cursor: Cursor | None = None
         # The group restores this member from its log's snapshot (restore).
@@ -460,8 +487,52 @@ class QuorumQueue(QueueProcess):
 
     def propose(self, payload: list[Any]) -> asyncio.Future[Any]:
         """Propose on this member, the leader, without draining the node's
-        forwarded commands first (runtime/forwarding.py: the drain itself)."""
+        forwarded commands first (runtime/forwarding.py: the drain itself).
+
+        Enqueues are gathered and proposed as one batch entry at the end of
+        this pass of the event loop (or once `BATCH_MAX` or
+        `PROPOSE_BATCH_BYTES` are reached): one Raft entry, one WAL record
+        and one replication item for many publishes. Invariant: entries are
+        proposed in submission order, so any other command flushes the
+        gathered enqueues first. Each enqueue's future gets its own reply;
+        a batch that fails fails every future in it (the publisher
+        re-sends; de-duplication makes that safe)."""
+        if payload[0] == wire.ENQUEUE:
+            size = len(payload[7])
+            if self._batch and self._batch_bytes + size > PROPOSE_BATCH_BYTES:
+                self._flush_batch()  # an entry holds one big body, or bodies up to the limit
+            batch = self._batch
+            fut: asyncio.Future[Any] = self._loop.create_future()
+            if not batch:
+                self._loop.call_soon(self._flush_batch)
+            batch.append(payload)
+            self._batch_futs.append(fut)
+            self._batch_bytes += size
+            if len(batch) >= BATCH_MAX:
+                self._flush_batch()
+            return fut
+        if self._batch:
+            self._flush_batch()
         return self.group.propose(payload, wire.is_plain(payload))
+
+    def _flush_batch(self) -> None:
+        """Propose the gathered enqueues: one entry (a batch of two or more)."""
+        batch, futs = self._batch, self._batch_futs
+        if not batch:
+            return
+        self._batch, self._batch_futs, self._batch_bytes = [], [], 0
+        try:
+            if self.group.closed:
+                raise ProposalFailed(f"queue '{self.name}' in vhost '{self.vhost}': member closed")
+            payload = batch[0] if len(batch) == 1 else wire.batch_payload(batch)
+            entry = self.group.propose(payload, True)
+        except Exception as exc:  # noqa: BLE001 - not leader now, stopped: each publisher re-sends
+            _fail(futs, exc)
+            return
+        if len(futs) == 1:
+            _chain(entry, futs[0])
+        else:
+            entry.add_done_callback(lambda e: _scatter(e, futs))
 
     @property
     def is_leader(self) -> bool:
@@ -489,16 +560,25 @@ class QuorumQueue(QueueProcess):
                 continue
             deliveries: list[qe.Delivery] = []
             for msg_id, record in c.checked.items():
-                index = rec_index(record)
+                index = rec_key(record)
                 count = st_.extra.get(index, (0, 0))[0]
                 deliveries.append((MsgId(msg_id), index, count, True))
             self._deliver(qe.Deliver(cid, tuple(deliveries)))
 
-    def _read_message(self, index: int) -> Message:
-        held = self._snap_bodies.get(index)
+    def _read_message(self, key: int) -> Message:
+        held = self._snap_bodies.get(key)
         if held is not None:
             return held
-        return wire.queue_message(self.glog.entries(index, index + 1)[0].data)
+        index, pos = key_index(key), key_pos(key)
+        rb = self._read_batch
+        if rb is not None and rb[0] == index:  # consumers read a batch entry's messages in turn
+            return wire.payload_message(rb[1][pos], 0)
+        payload = wire.entry_payload(self.glog.entries(index, index + 1)[0].data)
+        items = wire.batch_items(payload)
+        if items is None:
+            return wire.payload_message(payload, pos)
+        self._read_batch = (index, items)
+        return wire.payload_message(payload, pos)
 
 
     @property
@@ -522,6 +602,11 @@ class QuorumQueue(QueueProcess):
     # ---------------------------------------------------------------- Machine
     def apply(self, index: int, term: int, timestamp_ms: int, command: Any) -> Any:
         self._replaying = index <= self._recovered_index
+        if command[0] == wire.BATCH:
+            items = wire.batch_items(command)
+            assert items is not None
+            apply_payload = QueueProcess._apply_payload
+            return [apply_payload(self, index, term, timestamp_ms, p, pos) for pos, p in enumerate(items)]
         reply = QueueProcess._apply_payload(self, index, term, timestamp_ms, command)
         if type(reply) is qm.Purged:
             # a purge frees most of the log at once: snapshot (release, compact) now
@@ -540,7 +625,7 @@ class QuorumQueue(QueueProcess):
         replica holds from an installed snapshot are kept only while live."""
         sli = self.state.smallest_live_index()
         live = index + 1 if sli is None else sli
-        self._snap_bodies = {i: m for i, m in self._snap_bodies.items() if i >= live}
+        self._snap_bodies = {k: m for k, m in self._snap_bodies.items() if key_index(k) >= live}
         data = self._encode_snapshot(self._snap_bodies)
         # The live indexes for compaction, taken with the snapshot's state (so
         # a snapshot sent to a follower finds every body it names). Only when
@@ -549,13 +634,14 @@ class QuorumQueue(QueueProcess):
         keep: list[int] | None = None
         try:
             if _live_count(self.state) * 2 < index - self.glog.first_index():
-                keep = live_indexes(self.state)
+                keep = live_indexes(self.state)  # raft indexes
         except st.StorageError:
             keep = None
         return MachineSnapshot(data, live, keep)
 
     # Snapshot format: msgpack {"state": queue machine snapshot, "bodies":
-    # {raft index: [properties, body, exchange, routing key]}}. Locally taken
+    # {message key: [properties, body, exchange, routing key]}} (bodies keyed
+    # by raft index when the state is of version 1: `_decode_snapshot`). Locally taken
     # snapshots carry only bodies this replica got from a snapshot itself (its
     # own log keeps the rest: release() never deletes a segment holding a live
     # message); snapshots sent to a follower carry every live body below the
@@ -563,25 +649,29 @@ class QuorumQueue(QueueProcess):
     def _encode_snapshot(self, bodies: dict[int, Message]) -> bytes:
         return wire.pack({"state": qm.snapshot(self.state), "bodies": {i: list(m) for i, m in bodies.items()}})
 
-    def restore(self, data: bytes, installed: bool) -> None:
+    @staticmethod
+    def _decode_snapshot(data: bytes) -> tuple[qm.QueueState, dict[int, Any]]:
+        """The state and the bodies (by message key) of snapshot bytes."""
         doc = wire.unpack(data)
-        self.state = qm.restore(doc["state"])
-        self._snap_bodies = {int(i): tuple(m) for i, m in doc["bodies"].items()}
+        shift = KEY_POS_BITS if is_version_1(doc["state"]) else 0
+        return qm.restore(doc["state"]), {int(i) << shift: m for i, m in doc["bodies"].items()}
+
+    def restore(self, data: bytes, installed: bool) -> None:
+        self.state, bodies = self._decode_snapshot(data)
+        self._snap_bodies = {k: tuple(m) for k, m in bodies.items()}
+        self._read_batch = None
 
     def snapshot_for_follower(self, data: bytes, snap_index: int) -> bytes:
         """Every live body below the snapshot index goes along: the follower's
         log will not hold them."""
-        doc = wire.unpack(data)
-        state = qm.restore(doc["state"])
-        bodies = {int(i): m for i, m in doc["bodies"].items()}
-        for index in live_indexes(state):
-            if index <= snap_index and index not in bodies:
+        state, bodies = self._decode_snapshot(data)
+        for key in live_keys(state):
+            if key_index(key) <= snap_index and key not in bodies:
                 try:
-                    bodies[index] = list(self.message(index))
-                except (st.StorageError, KeyError, IndexError):
-                    log.error("%s: live message %d missing from the log", self.name, index)
-        doc["bodies"] = bodies
-        return wire.pack(doc)
+                    bodies[key] = list(self.message(key))
+                except (st.StorageError, KeyError, IndexError, ValueError):
+                    log.error("%s: live message %d missing from the log", self.name, key)
+        return wire.pack({"state": qm.snapshot(state), "bodies": bodies})
 
     def _dlx_deliver(self, eff: qe.DeadLetterDeliver) -> None:
         if self._dlx is not None and not self._replaying:
@@ -665,29 +755,39 @@ class QuorumQueue(QueueProcess):
         if self._dlx is not None:
             self._dlx.stop()
             self._dlx = None
-        self.group.close(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
+        reason = f"queue '{self.name}' in vhost '{self.vhost}' is gone"
+        # gathered enqueues were never proposed here: their publishers re-send
+        futs, self._batch, self._batch_futs, self._batch_bytes = self._batch_futs, [], [], 0
+        _fail(futs, ProposalFailed(reason))
+        self.group.close(reason)
 
     def storage_accounting(self) -> dict[str, Any]:
         """Read-only, for the management API's storage manifest: the raft
-        indexes of every live message (sorted), and for the oldest one its
-        enqueue time (leader's clock, from its log entry) and what holds it."""
+        indexes of the entries holding every live message (sorted), and for
+        the oldest one its enqueue time (leader's clock, from its log entry)
+        and what holds it."""
         st_ = self.state
-        live = live_indexes(st_)
+        keys = live_keys(st_)
+        live = sorted({k >> KEY_POS_BITS for k in keys})
         out: dict[str, Any] = {"group_id": self.glog.group_id, "live_indexes": live,
+                               "live_messages": len(keys),
                                "oldest_live_timestamp_ms": None, "oldest_live_holder": None}
         if not live:
             return out
         oldest = live[0]
         holder = "ready"
+        def held(recs: Any) -> bool:
+            return any(key_index(rec_key(r)) == oldest for r in recs)
+
         for cid, c in st_.consumers.items():
-            if any(rec_index(r) == oldest for r in c.checked.values()):
+            if held(c.checked.values()):
                 holder = f"consumer '{cid.tag}' on channel {cid.channel} (unacknowledged)"
-        if any(rec_index(r) == oldest for r in st_.returns):
+        if held(st_.returns):
             holder = "returned, awaiting redelivery"
-        if any(rec_index(rec[0]) == oldest for rec in [*st_.dlx_pending, *st_.dlx_checked.values()]):
+        if held(rec[0] for rec in [*st_.dlx_pending, *st_.dlx_checked.values()]):
             holder = "dead-lettered (at-least-once), awaiting the target's confirm"
         out["oldest_live_holder"] = holder
-        if oldest not in self._snap_bodies:
+        if not any(key_index(k) == oldest for k in self._snap_bodies):
             try:
                 out["oldest_live_timestamp_ms"] = wire.unpack(
                     self.glog.entries(oldest, oldest + 1)[0].data)[0]
@@ -702,17 +802,60 @@ def _live_count(state: Any) -> int:
             + len(state.dlx_checked) + sum(len(c.checked) for c in state.consumers.values()))
 
 
-def live_indexes(state: Any) -> list[int]:
-    """Raft indexes of every live message of a queue state (ready, returned,
-    checked out, dead-lettered awaiting confirmation)."""
-    out = [rec_index(r) for r in state.lo] + [rec_index(r) for r in state.hi]
-    out += [rec_index(r) for r in state.returns]
+def live_keys(state: Any) -> list[int]:
+    """Keys of every live message of a queue state (ready, returned,
+    checked out, dead-lettered awaiting confirmation), sorted."""
+    out = [rec_key(r) for r in state.lo] + [rec_key(r) for r in state.hi]
+    out += [rec_key(r) for r in state.returns]
     for c in state.consumers.values():
-        out += [rec_index(r) for r in c.checked.values()]
-    out += [rec_index(rec[0]) for rec in state.dlx_pending]
-    out += [rec_index(rec[0]) for rec in state.dlx_checked.values()]
+        out += [rec_key(r) for r in c.checked.values()]
+    out += [rec_key(rec[0]) for rec in state.dlx_pending]
+    out += [rec_key(rec[0]) for rec in state.dlx_checked.values()]
     return sorted(set(out))
 
 
+def live_indexes(state: Any) -> list[int]:
+    """Raft indexes of the entries holding a live message of a queue state, sorted."""
+    return sorted({k >> KEY_POS_BITS for k in live_keys(state)})
+
+
+def _chain(entry: asyncio.Future[Any], fut: asyncio.Future[Any]) -> None:
+    """`fut` ends as `entry` does (an entry of one enqueue)."""
+    def done(e: asyncio.Future[Any]) -> None:
+        if fut.done():
+            return
+        if e.cancelled():
+            fut.cancel()
+        elif e.exception() is not None:
+            fut.set_exception(e.exception())  # type: ignore[arg-type]
+        else:
+            fut.set_result(e.result())
+    entry.add_done_callback(done)
+
+
+def _fail(futs: list[asyncio.Future[Any]], exc: BaseException) -> None:
+    for f in futs:
+        if not f.done():
+            f.set_exception(exc)
+
+
+def _scatter(entry: asyncio.Future[Any], futs: list[asyncio.Future[Any]]) -> None:
+    """A batch entry ended: each enqueue's future gets its own reply (the
+    entry's reply is their list, in order), or the entry's failure."""
+    if entry.cancelled():
+        for f in futs:
+            if not f.done():
+                f.cancel()
+        return
+    exc = entry.exception()
+    if exc is not None:
+        _fail(futs, exc)
+        return
+    replies = entry.result()
+    for f, r in zip(futs, replies, strict=True):
+        if not f.done():
+            f.set_result(r)
+
+
 __all__ = ["ClassicQueue", "DEQUEUE_TAG", "Host", "Message", "QueueProcess", "QueueUid", "QuorumQueue",
-           "RemoteQueue"]
+           "RemoteQueue", "live_indexes", "live_keys", "msg_key"]

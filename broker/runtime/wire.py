@@ -6,12 +6,14 @@ Queue log entries (a quorum queue's Raft entries, a durable classic queue's
 node-local log) are msgpack ``[timestamp_ms, payload]``; the payload is one of
   enqueue: ["E", publisher, seq, size, priority, expiration_ms,
             properties_raw, body, exchange, routing_key]
+  batch:   ["B", [enqueue payload, ...]]   (2 to `qm.BATCH_MAX` enqueues)
   settle:  ["S", channel_ref, consumer_tag, [msg_ids]]
   other:   ["C", encode_command(cmd)]
-The enqueue entry *is* the message: deliveries read it back by index
-(`queue_message`). Enqueue and settle payloads hold only msgpack scalars
-(`is_plain`): a proposer may apply its own payload without decoding it again,
-and applies exactly what a replica decodes.
+The enqueue entry *is* the message: deliveries read it back by its key, the
+entry's index and the enqueue's position in it (`queue_message`). Enqueue,
+batch and settle payloads hold only msgpack scalars (`is_plain`): a proposer
+may apply its own payload without decoding it again, and applies exactly
+what a replica decodes.
 
 Where it sits: between the pure machines' command dataclasses and the bytes
 Raft replicates. Metadata commands are frozen dataclasses holding strings,
@@ -90,8 +92,8 @@ def decode_meta_command(raw: list[Any]) -> md.Command:
 
 
 # ---------------------------------------------------------------- queue entries
-ENQUEUE, SETTLE, COMMAND = "E", "S", "C"
-_PLAIN = frozenset({ENQUEUE, SETTLE})
+ENQUEUE, BATCH, SETTLE, COMMAND = "E", "B", "S", "C"
+_PLAIN = frozenset({ENQUEUE, BATCH, SETTLE})
 
 #: (properties_raw, body, exchange, routing_key): what an enqueue entry holds
 QueueMessage = tuple[bytes, bytes, str, str]
@@ -103,6 +105,24 @@ def enqueue_payload(publisher: str | None, seq: int, props_raw: bytes, body: byt
     """An enqueue: the machine's Enqueue fields, then the message itself."""
     return [ENQUEUE, publisher, seq, len(body) if size is None else size, priority,
             expiration_ms, props_raw, body, exchange, routing_key]
+
+
+def batch_payload(enqueues: list[list[Any]]) -> list[Any]:
+    """One entry for several enqueue payloads, applied in this order at
+    positions 0, 1, ... (`batch_items`)."""
+    if not 1 < len(enqueues) <= qm.BATCH_MAX:
+        raise ValueError(f"a batch holds 2 to {qm.BATCH_MAX} enqueues, not {len(enqueues)}")
+    return [BATCH, enqueues]
+
+
+def batch_items(payload: list[Any]) -> list[list[Any]] | None:
+    """The enqueue payloads of a batch payload, or None for any other payload."""
+    if payload and payload[0] == BATCH:
+        items: list[list[Any]] = payload[1]
+        if not 1 < len(items) <= qm.BATCH_MAX or not all(is_enqueue(p) for p in items):
+            raise ValueError(f"bad batch payload of {len(items)} items")
+        return items
+    return None
 
 
 def renumbered(payload: list[Any], publisher: str, seq: int) -> list[Any]:
@@ -158,10 +178,27 @@ def queue_command(payload: list[Any]) -> tuple[qm.Command, QueueMessage | None]:
     raise ValueError(f"not a queue payload: {tag!r}")
 
 
-def queue_message(entry_data: bytes) -> QueueMessage:
-    """The message an enqueue entry (stored `[timestamp, payload]`) holds."""
+def entry_payload(entry_data: bytes) -> list[Any]:
+    """The payload of a stored queue entry (`[timestamp, payload]`)."""
     _ts, payload = unpack(entry_data)
-    if not is_enqueue(payload):
-        raise ValueError(f"entry is not an enqueue: {payload[:1]!r}")
+    if type(payload) is not list or not payload:
+        raise ValueError("entry is not a queue payload")
+    return payload
+
+
+def payload_message(payload: list[Any], pos: int = 0) -> QueueMessage:
+    """The message at `pos` of an enqueue (pos 0) or batch payload."""
+    items = batch_items(payload)
+    if items is not None:
+        if pos >= len(items):
+            raise ValueError(f"batch entry of {len(items)} has no position {pos}")
+        payload = items[pos]
+    elif pos != 0 or not is_enqueue(payload):
+        raise ValueError(f"entry is not an enqueue at position {pos}: {payload[:1]!r}")
     _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
     return (props, body, exchange, rk)
+
+
+def queue_message(entry_data: bytes, pos: int = 0) -> QueueMessage:
+    """The message at `pos` of an enqueue or batch entry (stored `[timestamp, payload]`)."""
+    return payload_message(entry_payload(entry_data), pos)

@@ -33,6 +33,8 @@ from broker.queue import (
     Return,
     Settle,
     Tick,
+    key_index,
+    msg_key,
     pack,
 )
 from broker.queue.machine import RELEASE_CURSOR_INTERVAL
@@ -98,7 +100,7 @@ def test_prefetch_limits_unacked_deliveries_and_settle_refills() -> None:
     _, eff = h.consume(prefetch=2)
     assert len(delivered(eff)) == 2
     _, eff = h.run(Settle(cid(), (0,)))
-    assert delivered_indexes(eff) == [3]
+    assert delivered_indexes(eff) == [msg_key(3)]
     assert h.state.messages_checked_out() == 2
     assert h.state.messages_ready() == 2
 
@@ -244,7 +246,7 @@ def test_dequeue_settled_unsettled_and_empty() -> None:
     r, _ = h.run(Dequeue(ChannelRef("g"), settled=True))
     assert r == Dequeued(0, idx[0], 0, False, 1)
     r, _ = h.run(Dequeue(ChannelRef("g"), settled=False))
-    assert isinstance(r, Dequeued) and r.raft_index == idx[1]
+    assert isinstance(r, Dequeued) and r.key == idx[1]
     assert h.state.messages_checked_out() == 1
     r2, _ = h.run(Dequeue(ChannelRef("g"), settled=False))
     assert isinstance(r2, DequeueEmpty)
@@ -295,12 +297,12 @@ def test_release_cursor_is_the_smallest_live_raft_index() -> None:
     idx = h.enqueue(4)
     h.consume(prefetch=2)
     _, eff = h.run(Tick())
-    assert of_type(eff, ReleaseCursor) == [ReleaseCursor(h.index, idx[0])]
+    assert of_type(eff, ReleaseCursor) == [ReleaseCursor(h.index, key_index(idx[0]))]
     h.run(Settle(cid(), (0,)))  # idx[0] settled; idx[1] still out
     _, eff = h.run(Tick())
-    assert of_type(eff, ReleaseCursor)[0].smallest_live_index == idx[1]
+    assert of_type(eff, ReleaseCursor)[0].smallest_live_index == key_index(idx[1])
     h.run(Settle(cid(), (1, 2)))  # frees credit: idx[3] is delivered as msg id 3
-    assert h.state.smallest_live_index() == idx[3]
+    assert h.state.smallest_live_index() == key_index(idx[3])
     h.run(Settle(cid(), (3,)))
     _, eff = h.run(Tick())
     assert of_type(eff, ReleaseCursor) == [ReleaseCursor(h.index, h.index + 1)]
@@ -312,7 +314,7 @@ def test_release_cursor_counts_returned_messages() -> None:
     h.consume(prefetch=1)
     h.run(Return(cid(), (0,)))  # idx[0] goes to the back; idx[1] delivered
     h.run(Settle(cid(), (1,)))
-    assert h.state.smallest_live_index() == idx[0]
+    assert h.state.smallest_live_index() == key_index(idx[0])
 
 
 def test_release_cursor_is_reported_every_interval_commands() -> None:
@@ -353,9 +355,9 @@ def test_consumer_cancelled_is_reported_once_on_cancel_or_down() -> None:
 
 
 def test_record_carries_an_expiry_above_the_index() -> None:
-    from broker.queue import rec_expiry, rec_index
+    from broker.queue import rec_expiry, rec_key
     r = pack(2**40 + 3, 77, 123_456)
-    assert (rec_index(r), r & 0xFFFFFFFF, rec_expiry(r)) == (2**40 + 3, 77, 123_456)
+    assert (rec_key(r), r & 0xFFFFFFFF, rec_expiry(r)) == (2**40 + 3, 77, 123_456)
     assert rec_expiry(pack(5, 1)) is None and rec_expiry(pack(5, 1, 0)) == 0
 
 
@@ -390,6 +392,6 @@ def test_a_late_settle_never_settles_a_new_consumers_message_with_the_same_id() 
     first = h.run(Dequeue(g, settled=False))[0]
     h.run(Settle(ConsumerId(g, DEQUEUE_TAG), (first.msg_id,)))
     second = h.run(Dequeue(g, settled=False))[0]
-    assert second.raft_index == idx[1] and second.msg_id != first.msg_id
+    assert second.key == idx[1] and second.msg_id != first.msg_id
     h.run(Settle(ConsumerId(g, DEQUEUE_TAG), (first.msg_id,)))  # the re-sent ack
     assert h.state.messages_checked_out() == 1

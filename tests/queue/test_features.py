@@ -30,6 +30,7 @@ from broker.queue import (
     Settle,
     Tick,
     UpdateConfig,
+    key_index,
 )
 from broker.queue import restore as qm_restore
 from broker.queue import snapshot as qm_snapshot
@@ -86,7 +87,7 @@ def test_expired_messages_are_only_removed_at_the_head() -> None:
     h.run(Tick(), advance_ms=100)
     assert h.state.messages_ready() == 2  # b expired but is behind a live head
     r, _ = h.run(Dequeue(ChannelRef("g"), settled=True))
-    assert isinstance(r, Dequeued) and r.raft_index == a
+    assert isinstance(r, Dequeued) and r.key == a
     r, eff = h.run(Dequeue(ChannelRef("g"), settled=True))
     assert isinstance(r, DequeueEmpty)
     assert of_type(eff, DeadLetter)[0].messages == ((b, 0),)
@@ -195,7 +196,7 @@ def test_at_least_once_keeps_dead_letters_until_the_worker_settles_them() -> Non
     _, eff = h.run(Discard(cid(), (0, 1, 2)))
     assert of_type(eff, DeadLetter) == []
     assert h.state.messages_dlx() == 3
-    assert h.state.smallest_live_index() == idx[0]
+    assert h.state.smallest_live_index() == key_index(idx[0])
     _, eff = h.run(DlxCheckout(prefetch=2))
     (dd,) = of_type(eff, DeadLetterDeliver)
     assert dd == DeadLetterDeliver(((0, idx[0], R.REJECTED, 0), (1, idx[1], R.REJECTED, 0)),
@@ -361,7 +362,7 @@ def test_release_cursor_counts_messages_dead_lettered_by_the_same_command() -> N
     assert h.state.messages_dlx() == 3
     cursors = of_type(eff, ReleaseCursor)
     assert cursors, eff
-    assert all(c.smallest_live_index == idx[0] for c in cursors)
+    assert all(c.smallest_live_index == key_index(idx[0]) for c in cursors)
 
 
 def test_a_rejected_publish_sent_again_is_rejected_again_not_a_duplicate() -> None:

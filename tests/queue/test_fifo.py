@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from broker.queue import fifo
 from broker.queue.fifo import RecordFifo
-from broker.queue.machine import EXP_SHIFT, SIZE_BITS, rec_index
+from broker.queue.machine import EXP_SHIFT, SIZE_BITS, rec_key
 
 _index = st.integers(1, 2**40)
 _record = st.one_of(
@@ -54,11 +54,11 @@ def test_same_as_a_deque(ops: list[tuple[str, object]]) -> None:
                     f.popleft()
         elif op == "insort":
             # the machine insorts only into an index-ordered `lo`: keep d sorted
-            d = deque(sorted(d, key=rec_index))
+            d = deque(sorted(d, key=rec_key))
             f = RecordFifo(d)
             rec = int(arg)  # type: ignore[call-overload]
-            d.insert(bisect_left(d, rec_index(rec), key=rec_index), rec)
-            f.insort(rec, rec_index)
+            d.insert(bisect_left(d, rec_key(rec), key=rec_key), rec)
+            f.insort(rec, rec_key)
         elif op == "many":
             for _ in range(int(arg)):  # type: ignore[call-overload]
                 rec = next_idx << SIZE_BITS | 10
@@ -110,12 +110,12 @@ def test_requeue_at_the_head_reuses_the_popped_slot() -> None:
     f = RecordFifo(i << SIZE_BITS | 5 for i in range(1, 11))
     for _ in range(10_000):
         rec = f.popleft()
-        f.insort(rec, rec_index)
+        f.insort(rec, rec_key)
     assert list(f) == [i << SIZE_BITS | 5 for i in range(1, 11)]
     assert sum(len(c.w0) for c in f._chunks) == 10
     wide = (7 + 1) << EXP_SHIFT | 1 << SIZE_BITS | 5  # a wider record into a narrow slot
     f.popleft()
-    f.insort(wide, rec_index)
+    f.insort(wide, rec_key)
     assert f[0] == wide and len(f) == 10
     with pytest.raises(ValueError):
         f.popleft()

@@ -14,7 +14,7 @@ the machine's containers and checks that:
   after its expiry, maxlen under drop-head, delivery_limit past the limit),
   and with a DLX configured (at-most-once) exactly those appear in DeadLetter
   effects with that reason;
-- first deliveries of each priority class are in publish (raft index) order,
+- first deliveries of each priority class are in publish (message key) order,
   and a high-priority message published before a normal one goes first;
 - prefetch is never exceeded; drop-head length limits always hold and
   reject-publish never accepts a publish while over the limit (overshoot of
@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from broker.queue import (
+    BATCH_MAX,
     Cancel,
     ChannelDown,
     ChannelRef,
@@ -59,6 +60,7 @@ from broker.queue import (
     Settle,
     Tick,
     apply,
+    msg_key,
     new_state,
     restore,
     snapshot,
@@ -66,7 +68,7 @@ from broker.queue import (
 )
 from broker.queue.commands import Command
 from broker.queue.effects import Effect, Reply
-from broker.queue.machine import rec_index
+from broker.queue.machine import rec_key
 from broker.queue.types import DEQUEUE_TAG
 
 CONFIGS = [
@@ -114,6 +116,8 @@ class QueueModel(RuleBasedStateMachine):
         self.state: QueueState = new_state(cfg, created_ms=0)
         self.shadow: QueueState | None = None
         self.index = 0
+        self.pos = 0  # of the last command in its entry
+        self.enqueue_entry = False  # the last entry is an enqueue (batch) entry
         self.now = 0
         self.msgs: dict[int, Msg] = {}
         self.last_seq: dict[ChannelRef, int] = {}
@@ -123,11 +127,20 @@ class QueueModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ driver
 
+    def _next(self, batched: bool) -> tuple[int, int]:
+        """(index, pos) of the next command: the next position of the last
+        entry when `batched` and that entry is a batch of enqueues with room,
+        else a new entry."""
+        if batched and self.enqueue_entry and self.pos + 1 < BATCH_MAX:
+            return self.index, self.pos + 1
+        return self.index + 1, 0
+
     def _apply(self, cmd: Command, step: Step, advance: int = 0,
-               new: Msg | None = None) -> tuple[Reply, list[Effect]]:
-        self.index += 1
+               new: Msg | None = None, batched: bool = False) -> tuple[Reply, list[Effect]]:
+        self.index, self.pos = self._next(batched)
+        self.enqueue_entry = isinstance(cmd, Enqueue)
         self.now += advance
-        meta = Meta(self.index, 1, self.now)
+        meta = Meta(self.index, 1, self.now, self.pos)
         _, reply, effects = apply(meta, cmd, self.state)
         if self.shadow is not None:
             _, r2, e2 = apply(meta, cmd, self.shadow)
@@ -147,14 +160,14 @@ class QueueModel(RuleBasedStateMachine):
 
         for q in (s.lo, s.hi, s.returns):
             for rec in q:
-                put(rec_index(rec), "ready")
+                put(rec_key(rec), "ready")
         for c in s.consumers.values():
             for mid, rec in c.checked.items():
-                put(rec_index(rec), ("out", c.cid, mid))
+                put(rec_key(rec), ("out", c.cid, mid))
         for rec, _, _ in s.dlx_pending:
-            put(rec_index(rec), "dlx")
+            put(rec_key(rec), "dlx")
         for rec, _, _ in s.dlx_checked.values():
-            put(rec_index(rec), "dlx")
+            put(rec_key(rec), "dlx")
         return seen
 
     def _reconcile(self, cmd: Command, step: Step, reply: Reply, effects: list[Effect]) -> None:
@@ -167,7 +180,7 @@ class QueueModel(RuleBasedStateMachine):
                     delivered[idx] = (e.consumer, mid, dc, red)
         if isinstance(reply, Dequeued):
             assert isinstance(cmd, Dequeue)
-            delivered[reply.raft_index] = (ConsumerId(cmd.channel, DEQUEUE_TAG), reply.msg_id,
+            delivered[reply.key] = (ConsumerId(cmd.channel, DEQUEUE_TAG), reply.msg_id,
                                            reply.delivery_count, reply.redelivered)
         dead: dict[int, DeadLetterReason] = {}
         for e in effects:
@@ -178,8 +191,8 @@ class QueueModel(RuleBasedStateMachine):
         where = self._machine_locations()
         for idx in where:
             assert idx in self.msgs, f"unknown or resurrected message {idx}"
-        dlx_reasons = {rec_index(rec): code for rec, code, _ in self.state.dlx_pending}
-        dlx_reasons.update({rec_index(rec): code
+        dlx_reasons = {rec_key(rec): code for rec, code, _ in self.state.dlx_pending}
+        dlx_reasons.update({rec_key(rec): code
                             for rec, code, _ in self.state.dlx_checked.values()})
         for idx, m in list(self.msgs.items()):
             before = m.loc
@@ -256,9 +269,9 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule(pub=st.sampled_from([None, *CHANNELS]), seq_delta=st.integers(-1, 2),
           size=st.integers(0, 12), prio=st.sampled_from([None, 0, 5, 9]),
-          expiration=st.sampled_from([None, None, 0, 30, 500]))
+          expiration=st.sampled_from([None, None, 0, 30, 500]), batched=st.booleans())
     def enqueue(self, pub: ChannelRef | None, seq_delta: int, size: int, prio: int | None,
-                expiration: int | None) -> None:
+                expiration: int | None, batched: bool) -> None:
         last = self.last_seq.get(pub, 0) if pub is not None else 0
         seq = max(0, last + seq_delta)
         dup = pub is not None and seq <= last
@@ -267,8 +280,9 @@ class QueueModel(RuleBasedStateMachine):
         ttl = self.cfg.message_ttl_ms
         exps = [x for x in (ttl, expiration) if x is not None]
         expiry = self.now + min(exps) if exps else None
-        msg = Msg(self.index + 1, size, prio is not None and prio > 4, expiry)
-        reply, _ = self._apply(Enqueue(pub, seq, size, prio, expiration), Step(), new=msg)
+        msg = Msg(msg_key(*self._next(batched)), size, prio is not None and prio > 4, expiry)
+        reply, _ = self._apply(Enqueue(pub, seq, size, prio, expiration), Step(), new=msg,
+                               batched=batched)
         if dup:
             expected = (EnqueueResult.REJECTED if seq in self.rejected_seqs.get(pub, set())
                         else EnqueueResult.DUPLICATE)

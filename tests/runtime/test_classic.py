@@ -85,7 +85,7 @@ def _enqueue(q: DurableClassicQueue, seq: int, props: bytes, body: bytes) -> asy
 
 def _bodies(q: DurableClassicQueue) -> list[bytes]:
     st_ = q.state
-    idx = sorted(qm.rec_index(r) for r in [*st_.returns, *st_.hi, *st_.lo])
+    idx = sorted(qm.rec_key(r) for r in [*st_.returns, *st_.hi, *st_.lo])
     return [q.message(i)[1] for i in idx]
 
 
@@ -154,7 +154,7 @@ async def test_snapshots_release_segments_and_replay_matches_the_live_state(tmp_
     rig.mgr.wait_flushed()  # type: ignore[union-attr]
     assert q.glog.snapshot_meta() is not None, "no snapshot was taken"
     assert q.glog.first_index() > 1, "no segment was released"
-    unacked = sorted((q.message(qm.rec_index(r)) for r in q.state.consumers[cid].checked.values()),
+    unacked = sorted((q.message(qm.rec_key(r)) for r in q.state.consumers[cid].checked.values()),
                      key=lambda m: int(m[1][1:]))
     rig.close()
     q = rig.open()
