@@ -44,12 +44,12 @@ from broker.queue.types import (
     key_pos,
     msg_key,
 )
-from broker.raft import Membership, NodeId, RaftConfig, Role
+from broker.raft import Membership, NodeId, NotLeader, ProposalDropped, RaftConfig, Role
 
 from . import wire
 from .dead_letter import DlxHost, DlxWorker
 from .machine import Cursor, MachineSnapshot
-from .raft_group import ProposalFailed, RaftGroup
+from .raft_group import ProposalReplaced, RaftGroup
 
 if TYPE_CHECKING:
     from .channel import Consumer
@@ -523,10 +523,16 @@ class QuorumQueue(QueueProcess):
         self._batch, self._batch_futs, self._batch_bytes = [], [], 0
         try:
             if self.group.closed:
-                raise ProposalFailed(f"queue '{self.name}' in vhost '{self.vhost}': member closed")
+                raise ProposalReplaced(f"queue '{self.name}' in vhost '{self.vhost}': member closed "
+                                       "before its gathered publishes were proposed")
             payload = batch[0] if len(batch) == 1 else wire.batch_payload(batch)
             entry = self.group.propose(payload, True)
-        except Exception as exc:  # noqa: BLE001 - not leader now, stopped: each publisher re-sends
+        except (NotLeader, ProposalDropped) as exc:
+            # Never proposed: like an entry a new leader replaced, the
+            # requester re-sends it, in order, to the leader (cluster.py).
+            _fail(futs, ProposalReplaced(f"not proposed: {exc}"))
+            return
+        except Exception as exc:  # noqa: BLE001 - stopped, closed: each publisher re-sends
             _fail(futs, exc)
             return
         if len(futs) == 1:
@@ -605,6 +611,10 @@ class QuorumQueue(QueueProcess):
         if command[0] == wire.BATCH:
             items = wire.batch_items(command)
             assert items is not None
+            # The group's snapshot cadence counts applied entries: a batch
+            # counts as its publishes, so the log between two snapshots (and
+            # a restart's replay) stays as long as before batching.
+            self.group.applied_since_snapshot += len(items) - 1
             apply_payload = QueueProcess._apply_payload
             return [apply_payload(self, index, term, timestamp_ms, p, pos) for pos, p in enumerate(items)]
         reply = QueueProcess._apply_payload(self, index, term, timestamp_ms, command)
@@ -756,9 +766,10 @@ class QuorumQueue(QueueProcess):
             self._dlx.stop()
             self._dlx = None
         reason = f"queue '{self.name}' in vhost '{self.vhost}' is gone"
-        # gathered enqueues were never proposed here: their publishers re-send
+        # gathered enqueues were never proposed here: their publishers (or the
+        # nodes that forwarded them) re-send them to the leader
         futs, self._batch, self._batch_futs, self._batch_bytes = self._batch_futs, [], [], 0
-        _fail(futs, ProposalFailed(reason))
+        _fail(futs, ProposalReplaced(f"{reason}; not proposed here"))
         self.group.close(reason)
 
     def storage_accounting(self) -> dict[str, Any]:

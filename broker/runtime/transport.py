@@ -67,7 +67,16 @@ from broker.common.packing import array_header, packb
 log = logging.getLogger("broker.transport")
 
 _LEN = struct.Struct(">I")
-PROTOCOL_VERSION = 1
+#: Nodes of different protocol versions refuse each other (no mixed-version
+#: clusters). 2: quorum-queue batch entries and message keys (runtime/wire.py,
+#: queue snapshot version 2): a node of version 1 would read a key as a raft
+#: index, i.e. another message's body.
+PROTOCOL_VERSION = 2
+
+
+def _version_mismatch(got: object) -> str:
+    return (f"peer speaks cluster protocol version {got!r}, this node {PROTOCOL_VERSION}: "
+            "mixed-version clusters are not supported, upgrade every node")
 DEFAULT_MAX_FRAME = 512 * 1024 * 1024
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -402,6 +411,8 @@ class PeerTransport:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected_peer: str
     ) -> None:
         hello = await _read_frame(reader, 4096)
+        if isinstance(hello, dict) and "v" in hello and hello["v"] != PROTOCOL_VERSION:
+            raise AuthenticationFailed(_version_mismatch(hello["v"]))
         if not isinstance(hello, dict) or hello.get("v") != PROTOCOL_VERSION or not isinstance(hello.get("challenge"), bytes):
             raise AuthenticationFailed("peer did not send a valid challenge")
         ns: bytes = hello["challenge"]
@@ -464,6 +475,8 @@ class PeerTransport:
             msg = await _read_frame(reader, 4096)
         except (TransportError, msgpack.UnpackException, ValueError) as exc:
             raise AuthenticationFailed(f"malformed handshake: {exc}") from None
+        if isinstance(msg, dict) and "v" in msg and msg["v"] != PROTOCOL_VERSION:
+            raise AuthenticationFailed(_version_mismatch(msg["v"]))
         if not isinstance(msg, dict) or msg.get("v") != PROTOCOL_VERSION:
             raise AuthenticationFailed("malformed handshake")
         node, nc, proof = msg.get("node"), msg.get("challenge"), msg.get("proof")

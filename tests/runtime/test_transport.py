@@ -13,6 +13,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from broker.runtime import transport
 from broker.runtime.transport import PeerTransport
 from tests.pki import make_ca, make_signed
 
@@ -104,6 +105,32 @@ async def test_wrong_secret_is_refused_and_logged(caplog: pytest.LogCaptureFixtu
         assert any("refused unauthenticated peer" in r.getMessage() for r in caplog.records)
     finally:
         await intruder.close()
+        await b.close()
+
+
+async def test_a_node_of_another_protocol_version_is_refused_with_the_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No mixed-version clusters (message keys, batch entries): a node that
+    speaks version 1 is turned away at the handshake, saying why, and
+    nothing it sends is taken."""
+    ib = Inbox()
+    b = PeerTransport("b", SECRET, ib)
+    await b.start()
+    caplog.set_level(logging.WARNING, logger="broker.transport")
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        (n,) = struct.unpack(">I", await reader.readexactly(4))
+        hello = msgpack.unpackb(await reader.readexactly(n))
+        assert hello["v"] == transport.PROTOCOL_VERSION != 1
+        old = msgpack.packb({"v": 1, "node": "old", "challenge": b"x" * 16, "proof": b"y" * 32})
+        writer.write(struct.pack(">I", len(old)) + old)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed on us
+        writer.close()
+        assert b.stats.auth_failures == 1 and ib.by_peer == {}
+        assert any("protocol version 1" in r.getMessage() and "upgrade every node" in r.getMessage()
+                   for r in caplog.records)
+    finally:
         await b.close()
 
 
