@@ -577,14 +577,15 @@ class QuorumQueue(QueueProcess):
             return held
         index, pos = key_index(key), key_pos(key)
         rb = self._read_batch
-        if rb is not None and rb[0] == index:  # consumers read a batch entry's messages in turn
-            return wire.payload_message(rb[1][pos], 0)
-        payload = wire.entry_payload(self.glog.entries(index, index + 1)[0].data)
-        items = wire.batch_items(payload)
-        if items is None:
-            return wire.payload_message(payload, pos)
-        self._read_batch = (index, items)
-        return wire.payload_message(payload, pos)
+        if rb is None or rb[0] != index:  # consumers read a batch entry's messages in turn
+            payload = wire.entry_payload(self.glog.entries(index, index + 1)[0].data)
+            items = wire.batch_items(payload)
+            if items is None:
+                return wire.payload_message(payload, pos)
+            rb = self._read_batch = (index, items)
+        if pos >= len(rb[1]):
+            raise ValueError(f"batch entry {index} of {len(rb[1])} has no position {pos}")
+        return wire.payload_message(rb[1][pos], 0)
 
 
     @property
