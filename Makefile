@@ -41,9 +41,10 @@ CHAOS_DURATION ?= 120
 CHAOS_NEMESIS  ?= all
 CHAOS_SEED     ?= 1
 CHAOS_OUT      ?= chaos-results
+CHAOS_ARGS     ?=# e.g. "--publishers 12 --rate 0": unpaced publishers, many publishes per Raft entry
 chaos: $(STAMP)
-	nice $(PY) -m tests.chaos.run --nodes 3 --seed $(CHAOS_SEED) --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) --nemesis $(CHAOS_NEMESIS) --out $(CHAOS_OUT)/n3; s3=$$?; \
-	nice $(PY) -m tests.chaos.run --nodes 5 --seed $(CHAOS_SEED) --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) --nemesis $(CHAOS_NEMESIS) --out $(CHAOS_OUT)/n5; s5=$$?; \
+	nice $(PY) -m tests.chaos.run --nodes 3 --seed $(CHAOS_SEED) --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) --nemesis $(CHAOS_NEMESIS) $(CHAOS_ARGS) --out $(CHAOS_OUT)/n3; s3=$$?; \
+	nice $(PY) -m tests.chaos.run --nodes 5 --seed $(CHAOS_SEED) --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) --nemesis $(CHAOS_NEMESIS) $(CHAOS_ARGS) --out $(CHAOS_OUT)/n5; s5=$$?; \
 	test $$s3 -eq 0 -a $$s5 -eq 0
 
 lint: $(STAMP)
