@@ -28,7 +28,7 @@ from broker.queue import (
     snapshot,
     to_plain,
 )
-from broker.queue.snapshot import from_plain, is_version_1
+from broker.queue.snapshot import _dec, _enc, from_plain, is_version_1
 
 from .harness import Harness, cid, delivered, delivered_indexes, of_type
 
@@ -81,26 +81,10 @@ def _as_version_1(plain: dict) -> dict:  # type: ignore[type-arg]
     the same with every key replaced by its raft index (a test-side writer,
     the inverse of the reader under test)."""
     k = KEY_POS_BITS
-
-    def dec(v: int | list[int]) -> int:
-        if isinstance(v, int):
-            return v
-        out = 0
-        for limb in v:
-            out = (out << 64) | limb
-        return out
-
-    def enc(rec: int) -> int | list[int]:
-        if rec < 1 << 64:
-            return rec
-        limbs = []
-        while rec:
-            limbs.append(rec & ((1 << 64) - 1))
-            rec >>= 64
-        return limbs[::-1]
+    enc = _enc  # the limb codec of wide records, shared with the reader
 
     def rec(v: int | list[int]) -> int | list[int]:
-        r = dec(v)
+        r = _dec(v)
         key = (r >> 32) & ((1 << 64) - 1)
         assert key_pos(key) == 0
         return enc(((r >> 96) << 96) | (key_index(key) << 32) | (r & 0xFFFFFFFF))

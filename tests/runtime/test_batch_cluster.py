@@ -21,6 +21,8 @@ from broker.runtime import wire
 from broker.runtime.queues import QuorumQueue, live_indexes, live_keys
 from broker.runtime.raft_group import ProposalReplaced
 
+from .test_machine import _until
+
 
 class _Drain:
     def flush_forwarded(self, vhost: str, name: str) -> None:
@@ -112,16 +114,6 @@ class _Member:
     def close(self) -> None:
         self.q.close()
         self.mgr.close()
-
-
-async def _until(cond: Callable[[], bool], tick: Callable[[], None] | None = None,
-                 timeout: float = 20.0) -> None:
-    async def loop() -> None:
-        while not cond():
-            if tick is not None:
-                tick()
-            await asyncio.sleep(0.005)
-    await asyncio.wait_for(loop(), timeout)
 
 
 def _enq(seq: int, body: bytes) -> list[Any]:
