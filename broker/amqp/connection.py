@@ -1036,9 +1036,9 @@ class ServerConnection:
             properties_raw, body, self.frame_max,
         )
         self._sent = True
-        if self._outbox:
-            parts.insert(0, b"".join(self._outbox))
-            self._outbox.clear()
+        pending = self.data_to_send()
+        if pending:
+            parts.insert(0, pending)
         return parts
 
     def send_get_ok(

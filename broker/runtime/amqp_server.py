@@ -259,9 +259,11 @@ class AmqpConnection(asyncio.Protocol):
             self.out.append(data)
 
     def write_parts(self, parts: list[bytes | memoryview]) -> None:
-        """Buffers to write back to back without joining them (a big body's
-        delivery: see codec.deliver_parts)."""
-        if parts:
+        """Buffers to write back to back: several (a big body's delivery, see
+        codec.deliver_parts) are written as they are, not joined."""
+        if len(parts) == 1:
+            self.out.append(parts[0])
+        elif parts:
             self.out += parts
             self.out_vectored = True
 

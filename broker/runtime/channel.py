@@ -77,10 +77,6 @@ log = logging.getLogger("broker.amqp")
 HIGH_WATER = 4000
 LOW_WATER = 1000
 NOACK_CREDIT = 256
-#: bodies this big are delivered from their own buffer (writev), not copied
-#: into the frame and again into the connection's write: two copies of each
-#: 64 KiB body (and a fresh mapping for each, above glibc's mmap threshold)
-VECTORED_BODY = 16 * 1024
 _U16 = struct.Struct(">H")
 # content-header property flags (AMQP 0-9-1 basic class)
 _F_HEADERS = 0x2000
@@ -911,12 +907,9 @@ class Channel:
         # x-delivery-count is a quorum-queue header (classic queues do not add it)
         props = msg[0] if not count or c.queue.kind != "quorum" else \
             conn.props_cache.with_delivery_count(msg[0], count)
-        body = msg[1]
-        if len(body) < VECTORED_BODY:
-            conn.write(conn.amqp.send_deliver(self.number, c.tag, tag, redelivered, msg[2], msg[3], props, body))
-        else:  # written from the stored body, not copied into a frame first
-            conn.write_parts(conn.amqp.send_deliver_parts(self.number, c.tag, tag, redelivered, msg[2], msg[3],
-                                                          props, body))
+        # a big body is written from the stored buffer (codec.deliver_parts)
+        conn.write_parts(conn.amqp.send_deliver_parts(self.number, c.tag, tag, redelivered, msg[2], msg[3],
+                                                      props, msg[1]))
         conn.schedule_flush()
 
     def _settle_later(self, q: QueueProcess, cid: ConsumerId, msg_id: MsgId) -> None:
