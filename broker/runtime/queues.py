@@ -463,8 +463,8 @@ class QuorumQueue(QueueProcess):
         self._batch: list[list[Any]] = []
         self._batch_futs: list[asyncio.Future[Any]] = []
         self._batch_bytes = 0
-        # The last batch entry read back from the log: (index, its enqueues).
-        self._read_batch: tuple[int, list[list[Any]]] | None = None
+        # The last entry read back from the log: (index, its payload).
+        self._read_batch: tuple[int, list[Any]] | None = None
         # The release cursor the entry being applied emitted (release_cursor).
         self._cursor: Cursor | None = None
         # The group restores this member from its log's snapshot (restore).
@@ -525,8 +525,8 @@ class QuorumQueue(QueueProcess):
             if self.group.closed:
                 raise ProposalReplaced(f"queue '{self.name}' in vhost '{self.vhost}': member closed "
                                        "before its gathered publishes were proposed")
-            payload = batch[0] if len(batch) == 1 else wire.batch_payload(batch)
-            entry = self.group.propose(payload, True)
+            single = len(batch) == 1
+            entry = self.group.propose(batch[0] if single else wire.batch_payload(batch), True)
         except (NotLeader, ProposalDropped) as exc:
             # Never proposed: like an entry a new leader replaced, the
             # requester re-sends it, in order, to the leader (cluster.py).
@@ -535,10 +535,7 @@ class QuorumQueue(QueueProcess):
         except Exception as exc:  # noqa: BLE001 - stopped, closed: each publisher re-sends
             _fail(futs, exc)
             return
-        if len(futs) == 1:
-            _chain(entry, futs[0])
-        else:
-            entry.add_done_callback(lambda e: _scatter(e, futs))
+        entry.add_done_callback(lambda e: _scatter(e, futs, single))
 
     @property
     def is_leader(self) -> bool:
@@ -575,17 +572,11 @@ class QuorumQueue(QueueProcess):
         held = self._snap_bodies.get(key)
         if held is not None:
             return held
-        index, pos = key_index(key), key_pos(key)
+        index = key_index(key)
         rb = self._read_batch
         if rb is None or rb[0] != index:  # consumers read a batch entry's messages in turn
-            payload = wire.entry_payload(self.glog.entries(index, index + 1)[0].data)
-            items = wire.batch_items(payload)
-            if items is None:
-                return wire.payload_message(payload, pos)
-            rb = self._read_batch = (index, items)
-        if pos >= len(rb[1]):
-            raise ValueError(f"batch entry {index} of {len(rb[1])} has no position {pos}")
-        return wire.payload_message(rb[1][pos], 0)
+            rb = self._read_batch = (index, wire.entry_payload(self.glog.entries(index, index + 1)[0].data))
+        return wire.payload_message(rb[1], key_pos(key))
 
 
     @property
@@ -766,12 +757,10 @@ class QuorumQueue(QueueProcess):
         if self._dlx is not None:
             self._dlx.stop()
             self._dlx = None
-        reason = f"queue '{self.name}' in vhost '{self.vhost}' is gone"
-        # gathered enqueues were never proposed here: their publishers (or the
-        # nodes that forwarded them) re-send them to the leader
-        futs, self._batch, self._batch_futs, self._batch_bytes = self._batch_futs, [], [], 0
-        _fail(futs, ProposalReplaced(f"{reason}; not proposed here"))
-        self.group.close(reason)
+        self.group.close(f"queue '{self.name}' in vhost '{self.vhost}' is gone")
+        # gathered enqueues are never proposed on a closed member: they fail as
+        # replaced, and their publishers (or forwarding nodes) re-send them
+        self._flush_batch()
 
     def storage_accounting(self) -> dict[str, Any]:
         """Read-only, for the management API's storage manifest: the raft
@@ -780,7 +769,7 @@ class QuorumQueue(QueueProcess):
         and what holds it."""
         st_ = self.state
         keys = live_keys(st_)
-        live = sorted({k >> KEY_POS_BITS for k in keys})
+        live = _entry_indexes(keys)
         out: dict[str, Any] = {"group_id": self.glog.group_id, "live_indexes": live,
                                "live_messages": len(keys),
                                "oldest_live_timestamp_ms": None, "oldest_live_holder": None}
@@ -828,21 +817,11 @@ def live_keys(state: Any) -> list[int]:
 
 def live_indexes(state: Any) -> list[int]:
     """Raft indexes of the entries holding a live message of a queue state, sorted."""
-    return sorted({k >> KEY_POS_BITS for k in live_keys(state)})
+    return _entry_indexes(live_keys(state))
 
 
-def _chain(entry: asyncio.Future[Any], fut: asyncio.Future[Any]) -> None:
-    """`fut` ends as `entry` does (an entry of one enqueue)."""
-    def done(e: asyncio.Future[Any]) -> None:
-        if fut.done():
-            return
-        if e.cancelled():
-            fut.cancel()
-        elif e.exception() is not None:
-            fut.set_exception(e.exception())  # type: ignore[arg-type]
-        else:
-            fut.set_result(e.result())
-    entry.add_done_callback(done)
+def _entry_indexes(keys: list[int]) -> list[int]:
+    return sorted({k >> KEY_POS_BITS for k in keys})
 
 
 def _fail(futs: list[asyncio.Future[Any]], exc: BaseException) -> None:
@@ -851,9 +830,10 @@ def _fail(futs: list[asyncio.Future[Any]], exc: BaseException) -> None:
             f.set_exception(exc)
 
 
-def _scatter(entry: asyncio.Future[Any], futs: list[asyncio.Future[Any]]) -> None:
-    """A batch entry ended: each enqueue's future gets its own reply (the
-    entry's reply is their list, in order), or the entry's failure."""
+def _scatter(entry: asyncio.Future[Any], futs: list[asyncio.Future[Any]], single: bool) -> None:
+    """An entry of gathered enqueues ended: each enqueue's future gets its own
+    reply (a batch entry's reply is their list, in order; a `single`
+    enqueue's is its own), or the entry's failure."""
     if entry.cancelled():
         for f in futs:
             if not f.done():
@@ -863,7 +843,7 @@ def _scatter(entry: asyncio.Future[Any], futs: list[asyncio.Future[Any]]) -> Non
     if exc is not None:
         _fail(futs, exc)
         return
-    replies = entry.result()
+    replies = [entry.result()] if single else entry.result()
     for f, r in zip(futs, replies, strict=True):
         if not f.done():
             f.set_result(r)

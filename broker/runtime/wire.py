@@ -187,13 +187,17 @@ def entry_payload(entry_data: bytes) -> list[Any]:
 
 
 def payload_message(payload: list[Any], pos: int = 0) -> QueueMessage:
-    """The message at `pos` of an enqueue (pos 0) or batch payload."""
-    items = batch_items(payload)
-    if items is not None:
-        if pos >= len(items):
+    """The message at `pos` of an enqueue (pos 0) or batch payload. Only that
+    message is checked (a batch's are all checked when it is applied:
+    `batch_items`), so reading a batch's messages in turn stays linear."""
+    if payload[0] == BATCH:
+        items = payload[1]
+        if not 0 <= pos < len(items):
             raise ValueError(f"batch entry of {len(items)} has no position {pos}")
         payload = items[pos]
-    elif pos != 0 or not is_enqueue(payload):
+    elif pos != 0:
+        raise ValueError(f"entry is not a batch: no position {pos}")
+    if not is_enqueue(payload):
         raise ValueError(f"entry is not an enqueue at position {pos}: {payload[:1]!r}")
     _, _p, _s, _size, _prio, _exp, props, body, exchange, rk = payload
     return (props, body, exchange, rk)

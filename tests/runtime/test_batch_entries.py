@@ -47,14 +47,14 @@ async def test_each_publish_gets_its_own_reply_or_the_entrys_failure() -> None:
     loop = asyncio.get_running_loop()
     entry: asyncio.Future[object] = loop.create_future()
     futs = [loop.create_future() for _ in range(3)]
-    entry.add_done_callback(lambda e: _scatter(e, futs))
+    entry.add_done_callback(lambda e: _scatter(e, futs, False))
     entry.set_result([qm.EnqueueResult.ACCEPTED, qm.EnqueueResult.DUPLICATE, qm.OutOfOrder(7)])
     await asyncio.sleep(0)
     assert [f.result() for f in futs] == [qm.EnqueueResult.ACCEPTED, qm.EnqueueResult.DUPLICATE,
                                          qm.OutOfOrder(7)]
     failed: asyncio.Future[object] = loop.create_future()
     futs2 = [loop.create_future() for _ in range(2)]
-    failed.add_done_callback(lambda e: _scatter(e, futs2))
+    failed.add_done_callback(lambda e: _scatter(e, futs2, False))
     failed.set_exception(RuntimeError("replaced"))
     await asyncio.sleep(0)
     assert all(isinstance(f.exception(), RuntimeError) for f in futs2)
