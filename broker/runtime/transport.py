@@ -74,8 +74,11 @@ _LEN = struct.Struct(">I")
 PROTOCOL_VERSION = 2
 
 
-def _version_mismatch(got: object) -> str:
-    return (f"peer speaks cluster protocol version {got!r}, this node {PROTOCOL_VERSION}: "
+def _check_version(msg: object) -> None:
+    """Refuse, saying why, a handshake message of another protocol version."""
+    if isinstance(msg, dict) and "v" in msg and msg["v"] != PROTOCOL_VERSION:
+        raise AuthenticationFailed(
+            f"peer speaks cluster protocol version {msg['v']!r}, this node {PROTOCOL_VERSION}: "
             "mixed-version clusters are not supported, upgrade every node")
 DEFAULT_MAX_FRAME = 512 * 1024 * 1024
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
@@ -411,8 +414,7 @@ class PeerTransport:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, expected_peer: str
     ) -> None:
         hello = await _read_frame(reader, 4096)
-        if isinstance(hello, dict) and "v" in hello and hello["v"] != PROTOCOL_VERSION:
-            raise AuthenticationFailed(_version_mismatch(hello["v"]))
+        _check_version(hello)
         if not isinstance(hello, dict) or hello.get("v") != PROTOCOL_VERSION or not isinstance(hello.get("challenge"), bytes):
             raise AuthenticationFailed("peer did not send a valid challenge")
         ns: bytes = hello["challenge"]
@@ -475,8 +477,7 @@ class PeerTransport:
             msg = await _read_frame(reader, 4096)
         except (TransportError, msgpack.UnpackException, ValueError) as exc:
             raise AuthenticationFailed(f"malformed handshake: {exc}") from None
-        if isinstance(msg, dict) and "v" in msg and msg["v"] != PROTOCOL_VERSION:
-            raise AuthenticationFailed(_version_mismatch(msg["v"]))
+        _check_version(msg)
         if not isinstance(msg, dict) or msg.get("v") != PROTOCOL_VERSION:
             raise AuthenticationFailed("malformed handshake")
         node, nc, proof = msg.get("node"), msg.get("challenge"), msg.get("proof")
