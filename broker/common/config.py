@@ -266,6 +266,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("raft.election_timeout_ms", _int(100), 1000, "base election timeout"),
     Setting("raft.tick_ms", _int(10), 100, "Raft tick length"),
     Setting("raft.snapshot_interval", _int(1), 20000, "applied entries between two snapshots of a queue"),
+    Setting("raft.snapshot_interval_bytes", _int(4096), 64 * 1024 * 1024,
+            "bytes of applied entries after which a queue snapshots"),
 )
 _BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 

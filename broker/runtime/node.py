@@ -83,7 +83,8 @@ class Node:
         election_ticks = max(2, config["raft.election_timeout_ms"] // tick_ms)
         self.raft_config = RaftConfig(election_tick=election_ticks, heartbeat_tick=1)
         #: the queue processes, Raft groups and classic logs of this node (runtime/registry.py)
-        self.registry = Registry(self, config["raft.snapshot_interval"])
+        self.registry = Registry(self, config["raft.snapshot_interval"],
+                                 config["raft.snapshot_interval_bytes"])
         #: where queue commands go; the node's side of the ordered publish path (runtime/forwarding.py)
         self.forwarding = Forwarding(self)
         #: queue commands (one-shot, reliable), gets' bodies, at-most-once dead lettering (runtime/commands.py)

@@ -19,7 +19,8 @@ The Ready contract (broker/raft/node.py) is followed literally:
 Snapshots are the group's: it restores the machine from the log's snapshot
 at start and from the leader's on InstallSnapshot, and decides when to take
 one (every `snapshot_interval` applied entries at the machine's next release
-cursor, at once on a `Cursor.NOW`, and after `snapshot_idle_s` with nothing
+cursor, at once on a `Cursor.NOW`, once the entries applied since the last
+one hold `snapshot_bytes`, and after `snapshot_idle_s` with nothing
 applied); it writes the machine's serialised state once the entry is applied
 and durable here, then compacts the Raft core's history, releases segments
 below the machine's release bound and compacts the log to the entries the
@@ -80,6 +81,13 @@ from .machine import Cursor, Machine, MachineSnapshot
 log = logging.getLogger("broker.raft_group")
 
 _ENTRY_KINDS = {k.value: k for k in EntryKind}
+
+#: Bytes of applied entries after which a group snapshots (at the next entry,
+#: without waiting for the machine's cursor). Each snapshot releases the log
+#: below the smallest live message, and released entries are dropped from
+#: the memory table and never written to segment files (docs/STORAGE.md), so
+#: with big bodies this is what keeps each body to one write, to the WAL.
+SNAPSHOT_BYTES = 64 * 1024 * 1024
 # What a quiet leader may still receive from the heartbeats it sent last.
 _ECHOES = (HeartbeatResponse, AppendResponse)
 
@@ -248,6 +256,7 @@ class RaftGroup:
         clock_ms: Callable[[], int] | None = None,
         snapshot_interval: int = 20_000,
         snapshot_idle_s: float | None = None,
+        snapshot_bytes: int = SNAPSHOT_BYTES,
     ) -> None:
         self.group_id = group_id
         self.node_id = NodeId(node_id)
@@ -288,10 +297,13 @@ class RaftGroup:
         self._notice: tuple[str, int, int] | None = None  # the leader's Quiesce
         self._notice_ticks = 0
         # Snapshot cadence (the group's, for every machine): NORMAL entries
-        # applied since the last snapshot taken (or tried); the idle timer.
+        # applied since the last snapshot taken (or tried), and their bytes;
+        # the idle timer.
         self.snapshot_interval = snapshot_interval
         self.snapshot_idle_s = snapshot_idle_s
+        self.snapshot_bytes = snapshot_bytes
         self.applied_since_snapshot = 0
+        self.applied_bytes_since_snapshot = 0
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_applied_at = 0.0
         self.closed = False  # the member is closing: no more snapshots
@@ -536,9 +548,12 @@ class RaftGroup:
                 raise
             n = self.applied_since_snapshot + 1
             self.applied_since_snapshot = n
+            nbytes = self.applied_bytes_since_snapshot + len(e.data)
+            self.applied_bytes_since_snapshot = nbytes
             try:
                 cursor = machine.release_cursor()
-                if cursor is not None and (cursor is Cursor.NOW or n >= self.snapshot_interval):
+                if (cursor is not None and (cursor is Cursor.NOW or n >= self.snapshot_interval)
+                        or nbytes >= self.snapshot_bytes):
                     self._take_snapshot(e.index)
             except Exception:  # noqa: BLE001 - a snapshot is optional; the entry is applied
                 # (and its waiter, popped above, must still get its reply)
@@ -564,6 +579,7 @@ class RaftGroup:
         applied (after this Ready), which is also when it is known durable
         here."""
         self.applied_since_snapshot = 0
+        self.applied_bytes_since_snapshot = 0
         snap = self.machine.snapshot(index)
         self._loop.call_soon(self._write_snapshot, index, snap)
 

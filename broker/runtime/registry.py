@@ -46,7 +46,7 @@ from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
 from .declarations import qq_args
 from .queues import ClassicQueue, Host, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
-from .raft_group import RaftGroup
+from .raft_group import SNAPSHOT_BYTES, RaftGroup
 
 log = logging.getLogger("broker.registry")
 
@@ -77,9 +77,11 @@ class RegistryHost(Host, Protocol):
 
 
 class Registry:
-    def __init__(self, host: RegistryHost, snapshot_interval: int) -> None:
+    def __init__(self, host: RegistryHost, snapshot_interval: int,
+                 snapshot_bytes: int = SNAPSHOT_BYTES) -> None:
         self.host = host
         self.snapshot_interval = snapshot_interval
+        self.snapshot_bytes = snapshot_bytes
         #: the queue processes on this node, by (vhost, name)
         self.queues: dict[tuple[str, str], QueueProcess] = {}
         #: every Raft group on this node (the metadata group included), by storage group id
@@ -187,6 +189,7 @@ class Registry:
                 self.queues[key] = self._proxy(record)
                 return
             qq.snapshot_every = self.snapshot_interval
+            qq.group.snapshot_bytes = self.snapshot_bytes
             self.groups[gid] = qq.group
             if voters and (len(record.members) == 1 or (record.leader == self.host.node_name
                                                         and qq.group.glog.last_index() == 0)):

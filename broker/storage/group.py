@@ -717,7 +717,9 @@ class GroupLog:
 
     def release(self, smallest_live_index: int) -> int:
         """Delete whole segment files whose entries all lie below
-        min(smallest_live_index, snapshot index + 1). Returns files deleted."""
+        min(smallest_live_index, snapshot index + 1), and forget the memory
+        table's entries below it (their WAL file's flush skips them).
+        Returns files deleted."""
         with self._lock:
             self._check()
             snap = self._snapshot
@@ -725,6 +727,7 @@ class GroupLog:
                 return 0
             bound = min(smallest_live_index, snap.index + 1)
             self._release_bound = max(self._release_bound, bound)
+            self._mem.drop_below(self._release_bound)
             dropped = self._segs.drop_leading(self._release_bound)
             for f in dropped:
                 self._cache.evict(f.path)

@@ -91,6 +91,28 @@ class MemTable:
             return None
         return self.entries[: self._end_of(gen) - self.first], self.marks[0].reset
 
+    def drop_below(self, i: int) -> None:
+        """Forget the entries below index `i`: released (below the snapshot and
+        every live entry), so never read again. They stay in their WAL file
+        until it is flushed, and are not written to segments then. Not across
+        a restart of the log (a RESET mark first): the flush must still write
+        that generation's first file, whose flag voids the older files."""
+        if not self.entries or i <= self.first or self.marks[0].reset:
+            return
+        k = min(i - self.first, len(self.entries))
+        del self.entries[:k]
+        self.first += k
+        if not self.entries:
+            self.marks.clear()
+            return
+        first = self.first
+        marks = self.marks
+        n = 0  # marks starting at or before the new first: the last one stays, moved to it
+        while n < len(marks) and marks[n].first <= first:
+            n += 1
+        head = marks[n - 1]
+        self.marks = [Mark(head.gen, first, head.reset), *marks[n:]]
+
     def _end_of(self, gen: int) -> int:
         """The index after the last entry queued in a generation <= gen."""
         for m in self.marks:

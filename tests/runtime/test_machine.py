@@ -1,7 +1,8 @@
 """The machine boundary (runtime/machine.py): a `RaftGroup` over a fake
 `Machine` and real storage, no broker process. The group owns the snapshot
 cadence (every `snapshot_interval` applied entries at the machine's next
-release cursor, at once on `Cursor.NOW`, after `snapshot_idle_s` idle), the
+release cursor, at once on `Cursor.NOW`, once `snapshot_bytes` were applied,
+after `snapshot_idle_s` idle), the
 write, the release bound and the compaction; the machine says what a
 snapshot holds and takes one back (at start, and on InstallSnapshot)."""
 from __future__ import annotations
@@ -181,6 +182,35 @@ async def test_no_snapshot_without_a_release_cursor(tmp_path: Path) -> None:
         await n.group.propose("cursor")
         await _settle()
         assert m.snapshots == [32]
+    finally:
+        n.close()
+
+
+async def test_snapshot_once_the_applied_entries_hold_snapshot_bytes(tmp_path: Path) -> None:
+    """Big entries snapshot by their bytes, with no cursor and far below the
+    entry interval; the release that follows drops the released entries
+    from the memory table at once (they will not be written to segments)."""
+    net: dict[str, Node] = {}
+    m = FakeMachine()
+    n = Node("n1", tmp_path / "n1", ["n1"], net, set(), m, snapshot_interval=1000,
+             snapshot_bytes=20_000)
+    try:
+        await _leader(n)  # index 1
+        body = b"x" * 4_000
+        for _ in range(4):
+            await n.group.propose(body)
+        await _settle()
+        assert m.snapshots == [] and n.log.first_index() == 1
+        await n.group.propose(body)  # index 6: 5 entries of ~4 KB since the start
+        await _settle()
+        assert m.snapshots == [6] and _saved(n) == [6]
+        assert n.group.applied_bytes_since_snapshot == 0
+        assert n.log.first_index() == 7  # nothing live: released up to the snapshot
+        for _ in range(4):
+            await n.group.propose(body)
+        await _settle()
+        assert m.snapshots == [6]  # the count starts again after each snapshot
+        assert n.group.applied_bytes_since_snapshot > 16_000
     finally:
         n.close()
 

@@ -252,12 +252,13 @@ def test_overwrite_reaching_into_segments(tmp_path: Path) -> None:
         assert read_all(m.open_group("g")) == expected
 
 
-def test_a_release_before_the_wal_is_flushed_applies_to_the_segments_written_later(
+def test_a_release_before_the_wal_is_flushed_forgets_the_entries_and_never_writes_them(
         tmp_path: Path) -> None:
     """A snapshot and release can come while the released entries are still
-    only in the WAL (no segment file to delete yet). The bound is kept: the
-    segment files the flush writes for those entries go at once, instead of
-    staying until the next snapshot (found as a flaky classic-queue test)."""
+    only in the WAL. They are dropped from the memory table at once (first
+    index moves to the bound) and the WAL's flush does not write them to
+    segment files: after the flush deleted the WAL, a restart finds the log
+    starting at the bound."""
     cfg = StorageConfig(wal_max_size_bytes=64 << 10, segment_max_entries=4)
     with manager(tmp_path, cfg) as m:
         log = m.open_group("g")
@@ -265,22 +266,88 @@ def test_a_release_before_the_wal_is_flushed_applies_to_the_segments_written_lat
         m.sync()
         assert log.segment_files() == []  # all still in the WAL's memory table
         log.save_snapshot(30, 1, b"cfg", b"state@30")
-        assert log.release(smallest_live_index=25) == 0  # nothing on disk to drop yet
-        assert log.first_index() == 1
+        assert log.release(smallest_live_index=25) == 0  # no file to delete
+        assert log.first_index() == 25 and log.last_index() == 40
+        for lo in (1, 24):
+            with pytest.raises(CompactedError):
+                log.entries(lo, lo + 1)
+        assert read_all(log) == entries("g", 25, 41, 1)
         # more appends roll the WAL over: the memory table is flushed to segments
-        big = entries("g", 41, 81, 1)
-        log.append([Entry(e.index, e.term, e.data * 200, e.kind) for e in big])
+        big = [Entry(e.index, e.term, e.data * 200, e.kind) for e in entries("g", 41, 81, 1)]
+        log.append(big)
         m.sync()
         assert m.wait_flushed(10)
         assert log.segment_files(), "the WAL roll-over wrote no segment"
-        # files holding only entries below 25 were dropped as they were written
-        assert 17 <= log.first_index() <= 25
-        assert read_all(log)[0].index == log.first_index()
-        with pytest.raises(CompactedError):
-            log.entries(1, 5)
+        assert log.first_index() == 25
+        assert read_all(log) == entries("g", 25, 41, 1) + big
     with manager(tmp_path, cfg) as m:
         log = m.open_group("g")
-        assert 17 <= log.first_index() <= 25
+        assert log.first_index() == 25
+        assert read_all(log) == entries("g", 25, 41, 1) + big
+
+
+def test_a_wal_generation_wholly_released_writes_no_segment(tmp_path: Path) -> None:
+    """Every entry of a WAL file released before its flush: no segment file
+    for it at all; the log is empty (last index = the snapshot's) until the
+    next append, which goes on from there."""
+    cfg = StorageConfig(wal_max_size_bytes=64 << 10, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 41, 1))
+        m.sync()
+        log.save_snapshot(40, 1, b"cfg", b"state@40")
+        log.release(smallest_live_index=1000)  # the bound is the snapshot's: 41
+        assert (log.first_index(), log.last_index(), log.last_entry_index()) == (41, 40, 40)
+        assert log.term(40) == 1
+        with pytest.raises(CompactedError):
+            log.entries(40, 41)
+        big = [Entry(e.index, e.term, e.data * 200, e.kind) for e in entries("g", 41, 81, 2)]
+        log.append(big)
+        m.sync()
+        assert m.wait_flushed(10)
+        files = log.segment_files()
+        assert files
+        assert read_all(log) == big
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        assert log.first_index() == 41 and read_all(log) == big
+
+
+def test_a_release_after_a_snapshot_install_keeps_the_restart_until_flushed(tmp_path: Path) -> None:
+    """A follower's log restarted by an installed snapshot: its memory table
+    is not trimmed by a release before its first flush, whose reset flag
+    voids the stale files. After the flush and a restart no stale entry is
+    served."""
+    cfg = StorageConfig(wal_max_size_bytes=64 << 10, segment_max_entries=4)
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        log.append(entries("g", 1, 41, 1))
+        m.sync()
+        big = [Entry(e.index, e.term, e.data * 200, e.kind) for e in entries("g", 41, 81, 1)]
+        log.append(big)
+        m.sync()
+        assert m.wait_flushed(10) and log.segment_files()  # stale entries in segments
+        log.save_snapshot(100, 3, b"cfg", b"leader@100")  # installed past the log
+        log.append(entries("g", 101, 111, 3))
+        m.sync()
+        log.save_snapshot(105, 3, b"cfg", b"state@105")
+        log.release(smallest_live_index=106)
+        assert log.first_index() == 101  # the restart's first entries stay until flushed
+        assert read_all(log) == entries("g", 101, 111, 3)
+        more = [Entry(e.index, e.term, e.data * 200, e.kind) for e in entries("g", 111, 151, 3)]
+        log.append(more)
+        m.sync()
+        assert m.wait_flushed(10)
+        log.release(smallest_live_index=106)
+        assert log.first_index() >= 101
+        kept = read_all(log)
+        assert kept == (entries("g", 101, 111, 3) + more)[kept[0].index - 101:]
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        got = read_all(log)
+        assert got and all(e.term == 3 for e in got) and got[-1].index == 150
+        assert got == (entries("g", 101, 111, 3) + more)[got[0].index - 101:]
+        assert log.term(105) == 3
 
 
 def test_snapshot_release_and_reset_after_snapshot_install(tmp_path: Path) -> None:
