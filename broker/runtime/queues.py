@@ -541,6 +541,15 @@ class QuorumQueue(QueueProcess):
     def is_leader(self) -> bool:
         return self.group.role is Role.LEADER
 
+    def _remember(self, key: int, msg: Message) -> None:
+        """Bodies are cached where they are read soon: on the leader, and on
+        a follower with consumers of its own (the leader tells it which
+        messages to deliver). Any other follower reads none until it leads
+        or gets a consumer, and then reads them from its log (the recent
+        ones still in the memory table: `_read_message`)."""
+        if self.consumers or self.group.role is Role.LEADER:
+            QueueProcess._remember(self, key, msg)
+
     @property
     def leader_node(self) -> str | None:
         return self.group.leader or self.host.recorded_leader(self.vhost, self.name)

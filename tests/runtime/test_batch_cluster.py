@@ -145,14 +145,21 @@ async def test_a_batch_replicates_and_a_follower_reads_each_body_by_key(tmp_path
         # the snapshot cadence counts a batch as its publishes, not as one entry
         assert a.q.group.applied_since_snapshot >= 40
         await _until(lambda: b.q.group.applied_index >= a.q.group.applied_index, tick)
+        # a follower without consumers caches no bodies; the leader does
+        assert not b.q._cache and len(a.q._cache) == 40
         cid = ConsumerId(ChannelRef("b|ch1"), "t")
         cons = _Consumer(cid)
         b.q.add_consumer(cons)  # type: ignore[arg-type]
-        b.q._cache.clear()  # nothing cached: b reads its own log
         await a.q.command(qm.Checkout(cid, 100))
         await _until(lambda: len(cons.got) == 40, tick)
         assert [body for _, body in cons.got] == [b"m%d" % i for i in range(40)]
         assert a.host.sent and all(not bodies for _, _, bodies in a.host.sent)  # b had them
+        # with a consumer of its own, b caches what it applies from now on
+        futs = [a.q._submit(_enq(41 + i, b"n%d" % i)) for i in range(5)]
+        await asyncio.gather(*futs)
+        await _until(lambda: len(cons.got) == 45, tick)
+        assert [body for _, body in cons.got[40:]] == [b"n%d" % i for i in range(5)]
+        assert sorted(m[1] for m in b.q._cache.values()) == [b"n%d" % i for i in range(5)]
     finally:
         for m in ms:
             m.close()
