@@ -151,6 +151,8 @@ class GroupLog:
         # the smallest live index); segment files written later (a flush of
         # the memory table) that hold only such entries are dropped too
         self._release_bound = 0
+        # a flush of this group is between flush_portion and install_flushed
+        self._flushing = False
         self._hs = hard_state
         self._durable_hs = hard_state
         self._epoch = 0  # bumped on a write error: queued appends of older epochs are dropped
@@ -617,6 +619,7 @@ class GroupLog:
         got = self._mem.flush_portion(gen)
         if got is None:
             return None
+        self._flushing = True  # until install_flushed: see release()
         portion, reset = got
         n = self._node.config.segment_max_entries
         nfiles = (len(portion) + n - 1) // n
@@ -627,6 +630,7 @@ class GroupLog:
         Returns leading files now void in the segment-only composition or
         wholly below the release bound (to delete: a release that came while
         their entries were still only in the WAL); their readers are evicted."""
+        self._flushing = False
         keep_from = self._mem.drop_flushed(gen)
         self._segs.add(files, None if keep_from is None else keep_from - 1)
         dropped = self._segs.drop_leading(self._release_bound)
@@ -727,12 +731,37 @@ class GroupLog:
                 return 0
             bound = min(smallest_live_index, snap.index + 1)
             self._release_bound = max(self._release_bound, bound)
-            self._mem.drop_below(self._release_bound)
             dropped = self._segs.drop_leading(self._release_bound)
             for f in dropped:
                 self._cache.evict(f.path)
         unlink_segments(self.path, dropped, self._node.do_sync)
+        with self._lock:
+            self._check()
+            self._drop_released_memory()
         return len(dropped)
+
+    def _drop_released_memory(self) -> None:
+        """Lock held: forget the memory table's entries below the release
+        bound (keeping its last entry, so the log never empties and the next
+        append needs no restart), so the flush of their WAL file does not
+        write them to segments. Only while this group has no segment file
+        and no flush between its portion and its install, i.e. the log is
+        the memory table alone, on disk as in memory:
+        - a file below the bound is deleted (durably: release() unlinks
+          before it drops) before its memory table is, so a crash never
+          finds an older file, then a gap, then a WAL run;
+        - a file holding stale entries (an overwrite's or a restarted log's
+          shadowed tail, past the clip) is voided on disk only by the flush
+          of that write's first entries (a file starting at the overwritten
+          index, or carrying the reset flag), which the drop would skip;
+        - a portion taken before an overwrite is clipped at install by the
+          overwrite's mark, which the drop could move.
+        The memory table also keeps a restarted log whole until it is
+        flushed (MemTable.drop_below)."""
+        mem = self._mem
+        if self._flushing or self._segs.files or not mem.entries:
+            return
+        mem.drop_below(min(self._release_bound, mem.first + len(mem.entries) - 1))
 
     def compaction_span(self) -> int:
         """Index range of the not yet compacted leading segment files wholly

@@ -286,10 +286,10 @@ def test_a_release_before_the_wal_is_flushed_forgets_the_entries_and_never_write
         assert read_all(log) == entries("g", 25, 41, 1) + big
 
 
-def test_a_wal_generation_wholly_released_writes_no_segment(tmp_path: Path) -> None:
-    """Every entry of a WAL file released before its flush: no segment file
-    for it at all; the log is empty (last index = the snapshot's) until the
-    next append, which goes on from there."""
+def test_a_release_keeps_the_memory_tables_last_entry(tmp_path: Path) -> None:
+    """Every entry released before its WAL file's flush: the memory table
+    keeps its last one (the log never empties, so the next append is no
+    restart); the flush writes only that one before what followed."""
     cfg = StorageConfig(wal_max_size_bytes=64 << 10, segment_max_entries=4)
     with manager(tmp_path, cfg) as m:
         log = m.open_group("g")
@@ -297,20 +297,72 @@ def test_a_wal_generation_wholly_released_writes_no_segment(tmp_path: Path) -> N
         m.sync()
         log.save_snapshot(40, 1, b"cfg", b"state@40")
         log.release(smallest_live_index=1000)  # the bound is the snapshot's: 41
-        assert (log.first_index(), log.last_index(), log.last_entry_index()) == (41, 40, 40)
-        assert log.term(40) == 1
+        assert (log.first_index(), log.last_index(), log.last_entry_index()) == (40, 40, 40)
         with pytest.raises(CompactedError):
-            log.entries(40, 41)
+            log.entries(39, 40)
         big = [Entry(e.index, e.term, e.data * 200, e.kind) for e in entries("g", 41, 81, 2)]
         log.append(big)
         m.sync()
         assert m.wait_flushed(10)
-        files = log.segment_files()
-        assert files
-        assert read_all(log) == big
+        assert log.segment_files()
+        assert read_all(log) == entries("g", 40, 41, 1) + big
     with manager(tmp_path, cfg) as m:
         log = m.open_group("g")
-        assert log.first_index() == 41 and read_all(log) == big
+        assert log.first_index() == 40 and read_all(log) == entries("g", 40, 41, 1) + big
+
+
+@pytest.mark.parametrize("snapshot_past_the_overwrite", [0, 2])
+def test_a_release_never_skips_the_flush_that_voids_an_overwritten_segment_tail(
+        tmp_path: Path, snapshot_past_the_overwrite: int) -> None:
+    """A new leader's entries overwrite, from index 10, entries already
+    flushed to segments; the WAL rolls over and a snapshot and release cover
+    the overwrite's whole WAL file before the (slow) segment writer flushes
+    it. Only that flush's first file (starting at 10) voids the stale tail
+    on disk, so the release must not drop those entries from memory: else,
+    after a restart, the stale entries come back, and with the snapshot on
+    one of them the whole log after it was discarded (found by review)."""
+    cfg = StorageConfig(wal_max_size_bytes=64 << 10, segment_max_entries=8,
+                        stagger_first_roll_over=False)
+
+    def big(lo: int, hi: int, term: int) -> list[Entry]:
+        return [Entry(e.index, e.term, e.data * 60 + b"x" * 2000, e.kind)
+                for e in entries("g", lo, hi, term)]
+
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        log.append(big(1, 61, 1))
+        m.sync()
+        assert m.wait_flushed(10) and log.segment_files()  # term-1 entries in segments
+        m._delete_lock.acquire()  # hold the segment writer: a slow flush
+        try:
+            log.append(entries("g", 10, 13, 2))  # the overwrite, into the segments
+            m.sync()
+            gen = m._wal.gen
+            i = 13
+            while m._wal.gen == gen:  # roll the WAL over
+                log.append(big(i, i + 1, 2))
+                m.sync()
+                i += 1
+            g = i - 1  # the last entry queued in the overwrite's WAL file
+            log.append(entries("g", i, i + 5, 2))
+            m.sync()
+            last = i + 4
+            log.set_hard_state(HardState(2, None, last))
+            m.sync()
+            snap = g + snapshot_past_the_overwrite
+            log.save_snapshot(snap, 2, b"cfg", b"snap")
+            log.release(g + 1)
+            expected = [e for e in read_all(log) if e.index >= log.first_index()]
+            assert all(e.term == 2 for e in expected if e.index >= 10)
+        finally:
+            m._delete_lock.release()
+        assert m.wait_flushed(10)
+    with manager(tmp_path, cfg) as m:
+        log = m.open_group("g")
+        assert log.last_index() == last and log.term(snap) == 2
+        got = read_all(log)
+        assert [e for e in got if e.index >= 10 and e.term == 1] == []
+        assert [e.index for e in got if e.index > snap] == list(range(snap + 1, last + 1))
 
 
 def test_a_release_after_a_snapshot_install_keeps_the_restart_until_flushed(tmp_path: Path) -> None:
