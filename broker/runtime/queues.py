@@ -62,6 +62,8 @@ DELIVERY_BATCH_BYTES = 16 * 1024 * 1024
 #: Body bytes a leader gathers into one batch entry before proposing it
 #: (bigger bodies gain nothing from sharing an entry).
 PROPOSE_BATCH_BYTES = 256 * 1024
+#: Bodies of basic.get's messages held for their gets (QueueProcess._dequeued).
+MAX_DEQUEUED_HELD = 1024
 #: A queue's identity: vhost, name and its declaration's creation time (a
 #: queue deleted and declared again is another queue). Channels key their
 #: publish numbering and settles by it, never by the Python object: a
@@ -129,6 +131,12 @@ class QueueProcess:
         self._cache: OrderedDict[int, Message] = OrderedDict()
         self._cache_bytes = 0
         self.cache_limit = 64 * 1024 * 1024
+        # Bodies of messages basic.get took (message key -> message), read as
+        # the Dequeue is applied: the get reads its body after the reply
+        # reaches it, and a snapshot taken at that very entry may have
+        # released the body from the log by then. Bounded (a get that never
+        # reads its body leaves one behind).
+        self._dequeued: OrderedDict[int, Message] = OrderedDict()
         self.deleted = False
         self.had_consumer = False  # auto-delete only applies once a consumer came
         # x-expires is checked when a Tick is applied; the machine sets no timer
@@ -173,8 +181,21 @@ class QueueProcess:
         if effects:
             self._run_effects(effects)
         if msg is None and type(cmd) is not qm.Settle:
+            if type(reply) is qm.Dequeued and self.is_leader:
+                self._hold_dequeued(reply.key)
             self._command_applied()
         return reply
+
+    def _hold_dequeued(self, key: int) -> None:
+        try:
+            msg = self.message(key)
+        except (KeyError, IndexError, ValueError, st.StorageError) as exc:
+            log.warning("queue %s: body of dequeued message %d unreadable: %s", self.name, key, exc)
+            return
+        held = self._dequeued
+        held[key] = msg
+        while len(held) > MAX_DEQUEUED_HELD:
+            held.popitem(last=False)
 
     def _command_applied(self) -> None:
         """A command other than an enqueue or a settle was applied (a policy
@@ -210,6 +231,9 @@ class QueueProcess:
     def message(self, key: int) -> Message:
         """The message with `key` (types.msg_key): cached, or read from the log."""
         msg = self._cache.get(key)
+        if msg is not None:
+            return msg
+        msg = self._dequeued.pop(key, None)
         if msg is not None:
             return msg
         return self._read_message(key)

@@ -229,3 +229,28 @@ async def test_publishes_gathered_when_the_lead_is_lost_are_re_sent(tmp_path: Pa
     finally:
         for m in ms:
             m.close()
+
+
+async def test_a_no_ack_get_reads_its_body_when_its_entry_snapshots(tmp_path: Path) -> None:
+    """The Dequeue entry of a no-ack basic.get is where the group snapshots
+    (its bytes threshold crossed there), and the snapshot's release runs
+    before the get reads the body, which nothing caches (a leader that was a
+    follower without consumers). The body was read as the Dequeue was
+    applied, so the get still finds it (found by review: it was lost)."""
+    ms, _cut, _tick = await _cluster(tmp_path)
+    a = ms[0]
+    try:
+        await a.q._submit(_enq(1, b"precious"))
+        a.q._cache.clear()
+        g = a.q.group
+        g.applied_bytes_since_snapshot = g.snapshot_bytes - 1  # the Dequeue entry crosses it
+        reply = await a.q.command(qm.Dequeue(ChannelRef("a|ch1"), True))
+        assert isinstance(reply, qm.Dequeued)
+        for _ in range(3):  # the snapshot's write and release, scheduled after the Ready
+            await asyncio.sleep(0)
+        snap = a.glog.snapshot_meta()
+        assert snap is not None and a.glog.first_index() > reply.key >> 5  # released
+        assert a.q.message(reply.key)[1] == b"precious"
+    finally:
+        for m in ms:
+            m.close()
