@@ -11,9 +11,9 @@ dirty since the last flush.
 
 Flow control: the socket stops being read (TCP back-pressure reaches the
 client) while any of three holds is on (`AmqpConnection.hold`/`release`):
-"inflight" while the connection has more than `HIGH_WATER` enqueues waiting
-to be committed, until fewer than `LOW_WATER` remain (counted by the
-channels); "write" while its own output buffer is over the transport's
+"inflight" while the connection's enqueues waiting to be committed weigh
+more than `HIGH_WATER`, until less than `LOW_WATER` remains (one per message
+plus one per 4 KiB of body, counted by the channels: runtime/channel.py); "write" while its own output buffer is over the transport's
 high-water mark (a slow reader); and "alarm" while a resource alarm blocks it
 (runtime/alarms.py).
 
@@ -384,7 +384,10 @@ class AmqpConnection(asyncio.Protocol):
         props = self.client_properties
         return {
             "name": self.name, "node": self.node.node_name, "type": "network",
-            "state": "closed" if self.closed else "blocked" if self.alarm_blocked else "running",
+            # "flow": not read while its publishes wait for their queues (RabbitMQ's
+            # credit-flow state); "blocked": a resource alarm
+            "state": ("closed" if self.closed else "blocked" if self.alarm_blocked
+                      else "flow" if "inflight" in self.holds else "running"),
             "protocol": "AMQP 0-9-1",
             "vhost": self.vhost, "user": self.user, "user_who_performed_action": self.user,
             "auth_mechanism": self.auth_mechanism, "ssl": self.tls,

@@ -25,8 +25,13 @@ backlog until the reply is sent. Publishes do not wait: they are proposed at
 once and confirmed when every target queue has committed them.
 
 Flow control: a publish counts towards the connection's `inflight` until its
-queue has committed it; over HIGH_WATER the connection stops reading
-("inflight" hold) until fewer than LOW_WATER remain (runtime/amqp_server.py).
+queue has committed it, with its weight (`inflight_weight`: one, plus one per
+INFLIGHT_UNIT bytes of body); over HIGH_WATER the connection stops reading
+("inflight" hold) until less than LOW_WATER remains (runtime/amqp_server.py).
+So a connection has at most ~4,000 small messages or ~16 MiB of big bodies
+waiting for their queues: big bodies would otherwise fill the Raft pipeline,
+and the acks of consumers (settles, in the same pipeline) would wait behind
+them while the queue grows.
 """
 from __future__ import annotations
 
@@ -76,6 +81,13 @@ log = logging.getLogger("broker.amqp")
 
 HIGH_WATER = 4000
 LOW_WATER = 1000
+INFLIGHT_UNIT = 4096
+
+
+def inflight_weight(size: int) -> int:
+    """A publish's weight in the connection's `inflight` (see the module doc)."""
+    return 1 + size // INFLIGHT_UNIT
+
 NOACK_CREDIT = 256
 _U16 = struct.Struct(">H")
 # content-header property flags (AMQP 0-9-1 basic class)
@@ -799,6 +811,8 @@ class Channel:
         pending = Confirm(seq, len(queues)) if seq else None
         if pending is not None:
             self.outstanding.append(pending)
+        size = len(p.body)
+        weight = 1 + size // INFLIGHT_UNIT  # inflight_weight, inline: the hot path
         futures = []
         for q in queues:
             if self.ref in q.blocked_publishers:
@@ -808,25 +822,25 @@ class Channel:
             uid = q.uid
             self.touched[uid] = q
             self.nstats.queue(uid).publish += 1
-            conn.inflight += 1
+            conn.inflight += weight
             if pending is not None:
                 session = self.sessions.get(uid)
                 if session is None:
                     session = self.sessions[uid] = PublisherSession(
                         self.ref, partial(node.commands.submit_enqueue, uid),
                         node.call_later, f"{self.ref}->{q.name}")
-                # `pending` is bound once per publish, before this loop
-                session.publish(len(p.body), priority, expiration, props, p.body, p.exchange,
-                                p.routing_key, lambda ok: self._published(pending, ok))
+                # `pending` and `weight` are bound once per publish, before this loop
+                session.publish(size, priority, expiration, props, p.body, p.exchange,
+                                p.routing_key, lambda ok: self._published(pending, ok, weight))
                 continue
             # No confirms: untracked (no de-duplication), nothing to report.
             try:
                 fut = q.enqueue(None, 0, props, p.body, p.exchange, p.routing_key, priority, expiration)
             except Exception as exc:  # stopped group
                 log.warning("publish to %s failed: %s", q.name, exc)
-                conn.inflight -= 1
+                conn.inflight -= weight
                 continue
-            fut.add_done_callback(self._unconfirmed_done)
+            fut.add_done_callback(lambda f: self._unconfirmed_done(f, weight))
             if collect:
                 futures.append(fut)
         if conn.inflight > HIGH_WATER:
@@ -841,20 +855,20 @@ class Channel:
             if pending.remaining == 0:
                 self.conn.confirms_dirty.add(self)
 
-    def _inflight_done(self) -> None:
+    def _inflight_done(self, weight: int) -> None:
         conn = self.conn
-        conn.inflight -= 1
+        conn.inflight -= weight
         if conn.holds and conn.inflight < LOW_WATER:
             conn.release("inflight")
 
-    def _unconfirmed_done(self, fut: asyncio.Future[Any]) -> None:
-        self._inflight_done()
+    def _unconfirmed_done(self, fut: asyncio.Future[Any], weight: int) -> None:
+        self._inflight_done(weight)
         if not fut.cancelled():
             fut.exception()  # retrieved: nobody waits for an unconfirmed publish
 
-    def _published(self, pending: Confirm, ok: bool) -> None:
+    def _published(self, pending: Confirm, ok: bool, weight: int) -> None:
         """A publisher session's final outcome for one target queue."""
-        self._inflight_done()
+        self._inflight_done(weight)
         if not ok:
             pending.nack = True
         pending.remaining -= 1
@@ -1012,7 +1026,7 @@ class Channel:
         for session in self.sessions.values():
             # their outcomes will never be reported: give back the flow-control
             # credit they hold (the connection may live on)
-            self.conn.inflight -= len(session.pending)
+            self.conn.inflight -= sum(inflight_weight(size) for size in session.pending_sizes())
             session.close()
         self.sessions.clear()
         if self.conn.holds and self.conn.inflight < LOW_WATER:

@@ -93,6 +93,10 @@ class PublisherSession:
         if not self._resync_scheduled:
             self._send(seq, payload)
 
+    def pending_sizes(self) -> list[int]:
+        """The body sizes of the unresolved publishes."""
+        return [wire.enqueue_size(payload) for payload, _done in self.pending.values()]
+
     def close(self) -> None:
         """The channel is gone: nothing more is sent or reported."""
         self.closed = True

@@ -107,6 +107,12 @@ def enqueue_payload(publisher: str | None, seq: int, props_raw: bytes, body: byt
             expiration_ms, props_raw, body, exchange, routing_key]
 
 
+def enqueue_size(payload: list[Any]) -> int:
+    """The body size an enqueue payload declares."""
+    size: int = payload[3]
+    return size
+
+
 def batch_payload(enqueues: list[list[Any]]) -> list[Any]:
     """One entry for several enqueue payloads, applied in this order at
     positions 0, 1, ... (`batch_items`)."""
