@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 from pamqp import commands, frame, heartbeat
 from pamqp.common import FieldTable
@@ -131,6 +132,22 @@ class RawClient:
     def ack_frame(delivery_tag: int, multiple: bool, channel: int = 1) -> bytes:
         m = struct.pack(">HHQB", 60, 80, delivery_tag, 1 if multiple else 0)
         return _FRAME_HDR.pack(1, channel, len(m)) + m + FRAME_END
+
+    def read_confirms(self, n: int, timeout: float) -> list[tuple[int, bool]]:
+        """Read basic.ack confirms (delivery tag, multiple) until one covers
+        publish `n` or `timeout` seconds pass; any other method raises."""
+        acks: list[tuple[int, bool]] = []
+        deadline = time.monotonic() + timeout
+        while max((tag for tag, _m in acks), default=0) < n and time.monotonic() < deadline:
+            for ftype, _ch, payload in self.read_frames():
+                if ftype != 1:
+                    continue
+                method = struct.unpack_from(">HH", payload)
+                if method != (60, 80):
+                    raise AssertionError(f"unexpected method {method}")
+                tag, multiple = struct.unpack_from(">QB", payload, 4)
+                acks.append((tag, bool(multiple)))
+        return acks
 
     def read_frames(self) -> list[tuple[int, int, bytes]]:
         """Block for at least one frame; return every complete frame buffered."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 import time
 import urllib.request
 from typing import Any
@@ -35,15 +34,9 @@ def _publish_pipelined(port: int) -> int:
     c.confirm_select()
     c.sock.sendall(b"".join(RawClient.publish_frames(QUEUE.encode(), _body(i)) for i in range(N)))
     confirmed = 0
-    deadline = time.monotonic() + 30
-    while confirmed < N and time.monotonic() < deadline:
-        for ftype, _ch, payload in c.read_frames():
-            if ftype == 1 and struct.unpack_from(">HH", payload) == (60, 80):
-                tag, multiple = struct.unpack_from(">QB", payload, 4)
-                assert multiple or tag == confirmed + 1, "confirms come in order"
-                confirmed = max(confirmed, tag)
-            elif ftype == 1:
-                raise AssertionError(f"unexpected method {struct.unpack_from('>HH', payload)}")
+    for tag, multiple in c.read_confirms(N, 30):
+        assert multiple or tag == confirmed + 1, "confirms come in order"
+        confirmed = max(confirmed, tag)
     c.close()
     return confirmed
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 import threading
-import time
 import urllib.request
 from typing import Any
 
@@ -56,15 +54,7 @@ def _flood(b: BrokerProcess, n: int, size: int) -> set[str]:
     while not sent.is_set():
         seen.update(_connection_states(b))
     assert not errors, errors
-    confirmed = 0
-    deadline = time.monotonic() + 60
-    while confirmed < n and time.monotonic() < deadline:
-        for ftype, _ch, payload in c.read_frames():
-            if ftype == 1 and struct.unpack_from(">HH", payload) == (60, 80):
-                tag, _multiple = struct.unpack_from(">QB", payload, 4)
-                confirmed = max(confirmed, tag)
-            elif ftype == 1:
-                raise AssertionError(f"unexpected method {struct.unpack_from('>HH', payload)}")
+    confirmed = max((tag for tag, _multiple in c.read_confirms(n, 60)), default=0)
     c.close()
     assert confirmed == n
     return seen
