@@ -229,11 +229,13 @@ class QueueProcess:
             self._cache_bytes -= len(old[1]) + len(old[0])
 
     def message(self, key: int) -> Message:
-        """The message with `key` (types.msg_key): cached, or read from the log."""
+        """The message with `key` (types.msg_key): held for its basic.get
+        (taken once), cached, or read from the log."""
+        if self._dequeued:
+            msg = self._dequeued.pop(key, None)
+            if msg is not None:
+                return msg
         msg = self._cache.get(key)
-        if msg is not None:
-            return msg
-        msg = self._dequeued.pop(key, None)
         if msg is not None:
             return msg
         return self._read_message(key)

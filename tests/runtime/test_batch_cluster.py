@@ -251,6 +251,12 @@ async def test_a_no_ack_get_reads_its_body_when_its_entry_snapshots(tmp_path: Pa
         snap = a.glog.snapshot_meta()
         assert snap is not None and a.glog.first_index() > reply.key >> 5  # released
         assert a.q.message(reply.key)[1] == b"precious"
+        assert not a.q._dequeued  # taken by the get's read
+        # a get whose body is cached leaves nothing held either
+        await a.q._submit(_enq(2, b"cached"))
+        reply = await a.q.command(qm.Dequeue(ChannelRef("a|ch1"), True))
+        assert isinstance(reply, qm.Dequeued)
+        assert a.q.message(reply.key)[1] == b"cached" and not a.q._dequeued
     finally:
         for m in ms:
             m.close()
