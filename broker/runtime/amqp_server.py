@@ -13,8 +13,9 @@ Flow control: the socket stops being read (TCP back-pressure reaches the
 client) while any of three holds is on (`AmqpConnection.hold`/`release`):
 "inflight" while the connection's enqueues waiting to be committed weigh
 more than `HIGH_WATER`, until less than `LOW_WATER` remains (one per message
-plus one per 4 KiB of body, counted by the channels: runtime/channel.py); "write" while its own output buffer is over the transport's
-high-water mark (a slow reader); and "alarm" while a resource alarm blocks it
+plus one per 4 KiB of body, counted by the channels: runtime/channel.py);
+"write" while its own output buffer is over the transport's high-water mark
+(a slow reader); and "alarm" while a resource alarm blocks it
 (runtime/alarms.py).
 
 The node is a `ServerNode` (below): what this module and its channels use of

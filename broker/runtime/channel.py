@@ -812,7 +812,7 @@ class Channel:
         if pending is not None:
             self.outstanding.append(pending)
         size = len(p.body)
-        weight = 1 + size // INFLIGHT_UNIT  # inflight_weight, inline: the hot path
+        weight = inflight_weight(size)
         futures = []
         for q in queues:
             if self.ref in q.blocked_publishers:
