@@ -38,6 +38,13 @@ the peer sees a new inbound connection, which starts with the message
 `on_connect(peer)` returns (the node's hello). Callers that need reliability
 (forwarded requests and their replies) re-send on either signal.
 
+Receiving: an accepted connection is an asyncio.BufferedProtocol
+(`_InboundProtocol`) whose `FrameReader` has the socket read straight into
+its buffer and decodes each frame where it landed; a frame bigger than the
+buffer gets a buffer of its own size, so a big body is copied once between
+the kernel and msgpack. The server's side of the handshake is the first
+frame it accepts (at most 4 KiB, within HANDSHAKE_TIMEOUT_S).
+
 Frames are bounded by bytes on the sending side too: a batch is cut before
 it passes `max_batch_bytes` (one message alone may be larger, up to the
 receiver's `max_frame`), so a burst of large messages never makes a frame
@@ -58,7 +65,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -105,6 +112,9 @@ class TransportError(Exception):
 
 class AuthenticationFailed(TransportError):
     """The peer does not know the cluster secret (or speaks another protocol)."""
+
+    #: a frame to send the peer before closing (the server's refusal), if any
+    reply: bytes | None = None
 
 
 def _proof(secret: bytes, role: bytes, a: bytes, b: bytes, node: str) -> bytes:
@@ -163,13 +173,7 @@ async def _read_frame(reader: asyncio.StreamReader, max_frame: int) -> Any:  # m
     (length,) = _LEN.unpack(header)
     if length > max_frame:
         raise TransportError(f"frame of {length} bytes exceeds the {max_frame}-byte limit")
-    body = await reader.readexactly(length)
-    try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except (msgpack.UnpackException, ValueError, TypeError) as exc:
-        # TypeError: a map key msgpack cannot hash (an array or a map), found by
-        # fuzzing; it escaped every handler, the unauthenticated handshake's too
-        raise TransportError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
+    return _decode_frame(await reader.readexactly(length))
 
 
 class PeerTransport:
@@ -214,8 +218,7 @@ class PeerTransport:
         self._rng = rng or random.Random()
         self._server: asyncio.base_events.Server | None = None
         self._peers: dict[str, _Outbound] = {}
-        self._inbound: set[asyncio.Task[None]] = set()
-        self._inbound_writers: set[asyncio.StreamWriter] = set()
+        self._inbound: set[_InboundProtocol] = set()
         self.stats = TransportStats()
         self._closed = False
         #: called with a peer's name when our connection to it breaks
@@ -232,8 +235,8 @@ class PeerTransport:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> int:
         """Listen for peers; return the bound port."""
-        self._server = await asyncio.start_server(
-            self._accept, self._host, self._port, ssl=self._server_ssl
+        self._server = await asyncio.get_running_loop().create_server(
+            self._inbound_protocol, self._host, self._port, ssl=self._server_ssl
         )
         sock = self._server.sockets[0]
         self._port = sock.getsockname()[1]
@@ -250,12 +253,10 @@ class PeerTransport:
         for out in self._peers.values():
             if out.task is not None:
                 out.task.cancel()
-        for w in list(self._inbound_writers):
-            w.close()
-        for t in list(self._inbound):
-            t.cancel()
-        tasks = [o.task for o in self._peers.values() if o.task] + list(self._inbound)
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in list(self._inbound):
+            p.close()
+        tasks = [o.task for o in self._peers.values() if o.task]
+        await asyncio.gather(*tasks, self._accept_closed(), return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
         self._peers.clear()
@@ -434,49 +435,17 @@ class PeerTransport:
             raise AuthenticationFailed(f"expected node {expected_peer!r} at that address, found {server_node!r}")
 
     # ------------------------------------------------------------------ receiving
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._inbound.add(task)
-        self._inbound_writers.add(writer)
-        peer = None
-        addr = writer.get_extra_info("peername")
-        try:
-            peer = await asyncio.wait_for(self._server_handshake(reader, writer), HANDSHAKE_TIMEOUT_S)
-            self.inbound_peers[peer] = self.inbound_peers.get(peer, 0) + 1
-            while True:
-                batch = await _read_frame(reader, self._max_frame)
-                if not isinstance(batch, list):
-                    raise TransportError("frame payload is not a batch")
-                self.stats.frames_received += 1
-                self.stats.messages_received += len(batch)
-                self.last_heard[peer] = time.monotonic()
-                for message in batch:
-                    self._on_message(peer, message)
-        except AuthenticationFailed as exc:
-            self.stats.auth_failures += 1
-            log.warning("%s: refused unauthenticated peer %s: %s", self.node, addr, exc)
-        except TransportError as exc:
-            log.warning("%s: dropping connection from %s (%s): %s", self.node, peer, addr, exc)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, msgpack.UnpackException, ValueError) as exc:
-            log.info("%s: inbound connection from %s (%s) ended: %s", self.node, peer, addr, exc)
-        finally:
-            if peer is not None:
-                self.inbound_peers[peer] -= 1
-                if not self.inbound_peers[peer]:
-                    del self.inbound_peers[peer]
-            writer.close()
-            self._inbound_writers.discard(writer)
-            self._inbound.discard(task)
+    async def _accept_closed(self) -> None:
+        """Wait until every inbound connection has run its connection_lost."""
+        await asyncio.gather(*(p.closed for p in list(self._inbound)), return_exceptions=True)
 
-    async def _server_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
-        ns = os.urandom(16)
-        writer.write(_encode({"v": PROTOCOL_VERSION, "challenge": ns}))
-        await writer.drain()
-        try:
-            msg = await _read_frame(reader, 4096)
-        except (TransportError, msgpack.UnpackException, ValueError) as exc:
-            raise AuthenticationFailed(f"malformed handshake: {exc}") from None
+    def _inbound_protocol(self) -> _InboundProtocol:
+        return _InboundProtocol(self)
+
+    def _server_handshake(self, msg: object, ns: bytes) -> tuple[str, bytes]:
+        """Check the client's handshake message (`ns`: our challenge); return
+        the peer's name and our reply. Refuses with AuthenticationFailed, the
+        reply to send before closing (if any) in its `reply` attribute."""
         _check_version(msg)
         if not isinstance(msg, dict) or msg.get("v") != PROTOCOL_VERSION:
             raise AuthenticationFailed("malformed handshake")
@@ -484,10 +453,217 @@ class PeerTransport:
         if not (isinstance(node, str) and isinstance(nc, bytes) and isinstance(proof, bytes)):
             raise AuthenticationFailed("malformed handshake")
         if not hmac.compare_digest(proof, _proof(self._secret, b"client", ns, nc, node)):
-            writer.write(_encode({"v": PROTOCOL_VERSION, "error": "authentication failed"}))
-            await writer.drain()
-            raise AuthenticationFailed(f"node {node!r} does not know the cluster secret")
-        writer.write(_encode({"v": PROTOCOL_VERSION, "node": self.node,
-                              "proof": _proof(self._secret, b"server", nc, ns, self.node)}))
-        await writer.drain()
-        return node
+            exc = AuthenticationFailed(f"node {node!r} does not know the cluster secret")
+            exc.reply = _encode({"v": PROTOCOL_VERSION, "error": "authentication failed"})
+            raise exc
+        return node, _encode({"v": PROTOCOL_VERSION, "node": self.node,
+                              "proof": _proof(self._secret, b"server", nc, ns, self.node)})
+
+
+#: The frame reader's buffer: frames that fit are read many to a recv; a
+#: bigger one gets a buffer of its own size (kept for the next one, up to
+#: _KEEP_BUFFER), so its bytes land where they are decoded.
+_SMALL_BUFFER = 256 * 1024
+_KEEP_BUFFER = 32 * 1024 * 1024
+#: The rest of a frame at least this big is read alone: a recv never takes
+#: the start of the next frame with it, which would then have to be moved.
+_READ_ALONE = 64 * 1024
+
+
+class FrameReader:
+    """Length-prefixed frames cut from a byte stream that is read straight
+    into this reader's buffer (asyncio.BufferedProtocol's get_buffer and
+    buffer_updated): no copy between the socket and the frame's decoding,
+    where asyncio's StreamReader made three (its buffer, the frame's bytes,
+    the buffer's growth) and woke a task for every 256 KiB of a big frame.
+
+    `on_frame(view)` is called for each complete frame's payload; the view is
+    valid only during the call. `max_frame` (read at every frame, so a
+    handshake can raise it) bounds a payload: a longer one raises
+    TransportError before any of it is buffered. Exceptions from
+    `on_frame` propagate (the connection is then dropped).
+    """
+
+    __slots__ = ("max_frame", "on_frame", "_buf", "_view", "_start", "_end", "_frame_end")
+
+    def __init__(self, max_frame: int, on_frame: Callable[[memoryview], None]) -> None:
+        self.max_frame = max_frame
+        self.on_frame = on_frame
+        self._buf = bytearray(_SMALL_BUFFER)
+        self._view = memoryview(self._buf)
+        self._start = 0  # first unconsumed byte
+        self._end = 0  # end of the bytes read
+        self._frame_end = 0  # end of the frame being read, once its header is in (else 0)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read goes (never empty)."""
+        if self._frame_end - self._end >= _READ_ALONE:
+            return self._view[self._end:self._frame_end]
+        return self._view[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """`nbytes` more were read into the last get_buffer(): hand on every
+        complete frame, then make room for the rest of the next one."""
+        self._end += nbytes
+        end = self._end
+        start = self._start
+        view = self._view
+        frame_end = 0
+        while end - start >= 4:
+            (length,) = _LEN.unpack_from(view, start)
+            if length > self.max_frame:
+                raise TransportError(f"frame of {length} bytes exceeds the {self.max_frame}-byte limit")
+            frame_end = start + 4 + length
+            if frame_end > end:
+                break
+            payload = view[start + 4:frame_end]
+            self._start = start = frame_end
+            frame_end = 0
+            try:
+                self.on_frame(payload)
+            finally:
+                payload.release()
+        if start == end:
+            self._start = self._end = self._frame_end = 0
+            if len(self._buf) > _KEEP_BUFFER:
+                self._resize(_SMALL_BUFFER)
+            return
+        need = (frame_end - start) if frame_end else 4  # the whole frame being read
+        if start + need > len(self._buf):
+            if need > len(self._buf):
+                self._resize(max(need, min(2 * len(self._buf), _KEEP_BUFFER)))
+            else:  # move the frame's start to the buffer's start
+                have = end - start
+                view[:have] = view[start:end]
+                self._start, self._end = 0, have
+        self._frame_end = self._start + need if frame_end else 0
+
+    def _resize(self, size: int) -> None:
+        have = self._end - self._start
+        buf = bytearray(size)
+        buf[:have] = self._view[self._start:self._end]
+        self._view.release()
+        self._buf, self._view = buf, memoryview(buf)
+        self._start, self._end = 0, have
+
+
+def _decode_frame(payload: bytes | memoryview) -> Any:  # msgpack-decoded
+    """A frame's payload decoded; TransportError if it does not decode."""
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        # TypeError: a map key msgpack cannot hash (an array or a map), found by
+        # fuzzing; it escaped every handler, the unauthenticated handshake's too
+        raise TransportError(f"undecodable frame: {type(exc).__name__}: {exc}") from None
+
+
+class _InboundProtocol(asyncio.BufferedProtocol):
+    """One accepted peer connection: the server's side of the handshake, then
+    batches of messages handed to `on_message` as their frames complete."""
+
+    def __init__(self, owner: PeerTransport) -> None:
+        self._owner = owner
+        self._transport: asyncio.Transport | None = None
+        self._reader = FrameReader(4096, self._on_handshake)
+        self._ns = os.urandom(16)
+        self._peer: str | None = None
+        self._addr: object = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._failed = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._addr = transport.get_extra_info("peername")
+        self._owner._inbound.add(self)
+        self._transport.write(_encode({"v": PROTOCOL_VERSION, "challenge": self._ns}))
+        self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+
+    def _handshake_timeout(self) -> None:
+        log.info("%s: inbound connection from %s ended: no handshake within %ss",
+                 self._owner.node, self._addr, HANDSHAKE_TIMEOUT_S)
+        self._fail()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._failed:
+            return  # closing: what still arrives is not delivered
+        owner = self._owner
+        try:
+            self._reader.buffer_updated(nbytes)
+        except AuthenticationFailed as exc:
+            owner.stats.auth_failures += 1
+            log.warning("%s: refused unauthenticated peer %s: %s", owner.node, self._addr, exc)
+            if exc.reply is not None and self._transport is not None:
+                self._transport.write(exc.reply)
+            self._fail()
+        except TransportError as exc:
+            log.warning("%s: dropping connection from %s (%s): %s", owner.node, self._peer, self._addr, exc)
+            self._fail()
+        except Exception:  # a handler's bug: drop the connection (the peer re-sends), keep the node
+            log.exception("%s: dropping connection from %s (%s): a message's handler failed",
+                          owner.node, self._peer, self._addr)
+            self._fail()
+
+    def _on_handshake(self, payload: memoryview) -> None:
+        try:
+            msg = _decode_frame(payload)
+        except TransportError as exc:
+            raise AuthenticationFailed(f"malformed handshake: {exc}") from None
+        peer, reply = self._owner._server_handshake(msg, self._ns)
+        assert self._transport is not None
+        self._transport.write(reply)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._peer = peer
+        owner = self._owner
+        owner.inbound_peers[peer] = owner.inbound_peers.get(peer, 0) + 1
+        self._reader.max_frame = owner._max_frame
+        self._reader.on_frame = self._on_batch
+
+    def _on_batch(self, payload: memoryview) -> None:
+        batch = _decode_frame(payload)
+        if not isinstance(batch, list):
+            raise TransportError("frame payload is not a batch")
+        owner = self._owner
+        peer = self._peer
+        assert peer is not None
+        owner.stats.frames_received += 1
+        owner.stats.messages_received += len(batch)
+        owner.last_heard[peer] = time.monotonic()
+        on_message = owner._on_message
+        for message in batch:
+            if self._failed:
+                return  # a message's handler closed the transport (shutdown)
+            on_message(peer, message)
+
+    def _fail(self) -> None:
+        self._failed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    def close(self) -> None:
+        self._fail()
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        owner = self._owner
+        if self._peer is not None:
+            owner.inbound_peers[self._peer] -= 1
+            if not owner.inbound_peers[self._peer]:
+                del owner.inbound_peers[self._peer]
+            self._peer = None
+        if exc is not None and not self._failed:
+            log.info("%s: inbound connection from %s ended: %s", owner.node, self._addr, exc)
+        self._failed = True
+        owner._inbound.discard(self)
+        if not self.closed.done():
+            self.closed.set_result(None)

@@ -1,19 +1,19 @@
 """Fuzzing the peer transport's receive path (issue 15): the frame decoder
-(`transport._read_frame`: length prefix, size bound, msgpack) and the peer
+(`transport.FrameReader` and `_decode_frame`: length prefix, size bound,
+msgpack, fed in reads of any size) and the peer
 message decoders after it (`peer_wire.decode`, and `raft_wire.decode_message`
 for Raft messages), fed arbitrary bytes and mutations of real encoded peer
 traffic. Every input must end in decoded messages or the documented
 refusals: TransportError (frame refused: the connection is dropped),
 asyncio.IncompleteReadError (the stream ended mid-frame), PeerMessageError
 or WireError (one message dropped); never another exception, never a hang
-(each input is read under a timeout). Derandomized hypothesis with bounded
+(the reader is driven synchronously). Derandomized hypothesis with bounded
 examples, so a failure replays and each test stays well under 20 s.
 
 The same garbage sent to a running broker's peer port over a real socket is
 tests/cluster/test_peer_garbage.py."""
 from __future__ import annotations
 
-import asyncio
 import struct
 from typing import Any
 
@@ -33,7 +33,7 @@ from broker.raft import (
 )
 from broker.runtime import peer_wire as pw
 from broker.runtime import raft_wire
-from broker.runtime.transport import TransportError, _encode, _read_frame
+from broker.runtime.transport import FrameReader, TransportError, _decode_frame, _encode
 
 from .test_peer_wire import MESSAGES as ALL_KINDS
 
@@ -59,29 +59,42 @@ TRAFFIC = b"".join([
 ])
 
 
-def receive(data: bytes) -> list[str]:
-    """What an inbound connection does with `data`: frames until the stream
-    ends or a frame is refused; each message of a batch decoded."""
+def receive(data: bytes, chunk: int = 1000) -> list[str]:
+    """What an inbound connection does with `data`, read `chunk` bytes at a
+    time: frames until the stream ends or a frame is refused; each message
+    of a batch decoded."""
+    outcomes: list[str] = []
 
-    async def run() -> list[str]:
-        reader = asyncio.StreamReader()
-        reader.feed_data(data)
-        reader.feed_eof()
-        outcomes: list[str] = []
-        while True:
-            try:
-                batch = await _read_frame(reader, MAX_FRAME)
-            except asyncio.IncompleteReadError:
-                return [*outcomes, "end"]
-            except TransportError:
-                return [*outcomes, "frame refused"]
-            if not isinstance(batch, list):
-                outcomes.append("not a batch")  # the transport drops the connection
-                continue
-            for raw in batch:
-                outcomes.append(decode(raw))
+    def on_frame(payload: memoryview) -> None:
+        batch = _decode_frame(payload)
+        if not isinstance(batch, list):
+            outcomes.append("not a batch")  # the transport drops the connection
+            return
+        for raw in batch:
+            outcomes.append(decode(raw))
 
-    return asyncio.run(asyncio.wait_for(run(), 5))
+    reader = FrameReader(MAX_FRAME, on_frame)
+    try:
+        feed(reader, data, [chunk])
+    except TransportError:
+        return [*outcomes, "frame refused"]
+    return [*outcomes, "end"]
+
+
+def feed(reader: FrameReader, data: bytes, chunks: list[int]) -> None:
+    """Read `data` into `reader` as a socket would: reads of at most
+    chunks[0], chunks[1]... bytes (round and round), each into whatever
+    buffer the reader offers."""
+    pos = i = 0
+    while pos < len(data):
+        buf = reader.get_buffer(-1)
+        assert len(buf) > 0
+        n = min(len(buf), chunks[i % len(chunks)], len(data) - pos)
+        buf[:n] = data[pos:pos + n]
+        buf.release()
+        pos += n
+        i += 1
+        reader.buffer_updated(n)
 
 
 def decode(raw: Any) -> str:
@@ -144,7 +157,7 @@ def test_mutations_of_real_traffic(edits: list[tuple[str, int, int, int]], cut: 
             del data[pos:pos + n]
         elif op == "length":  # rewrite a 4-byte length prefix where one might be
             data[pos:pos + 4] = struct.pack(">I", (byte << 8 | n) % (MAX_FRAME * 2))
-    receive(bytes(data[:max(cut, len(data) // 2)]))
+    receive(bytes(data[:max(cut, len(data) // 2)]), chunk=1 + cut % 97)
 
 
 @FUZZ
@@ -159,3 +172,30 @@ def test_well_formed_msgpack_of_any_shape(value: Any) -> None:
     batch = value if isinstance(value, list) else [value]
     batch = [*batch, ["r", batch], ["r", [0, *batch]], ["r", [1, *batch]]]
     receive(_encode(batch))
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 3, 4, 5, 100, 4096, 65_535, 65_536, 70_000, 262_140, 262_144,
+                                 300_000, 1_000_000]), min_size=1, max_size=12),
+       st.lists(st.integers(1, 400_000), min_size=1, max_size=8))
+def test_frames_come_out_whole_and_in_order_however_the_stream_is_cut(
+        sizes: list[int], chunks: list[int]) -> None:
+    """Frames of every size around the reader's buffer (256 KiB) and its
+    read-alone size (64 KiB), read in reads of varying sizes: each frame
+    comes out once, whole, in order."""
+    frames = [bytes((i * 7 + j) % 251 for j in range(min(n, 300))) * (n // 300 + 1) for i, n in
+              enumerate(sizes)]
+    frames = [f[:n] for f, n in zip(frames, sizes, strict=True)]
+    data = b"".join(struct.pack(">I", len(f)) + f for f in frames)
+    got: list[bytes] = []
+    reader = FrameReader(2_000_000, lambda payload: got.append(bytes(payload)))
+    feed(reader, data, chunks)
+    assert got == frames
+
+
+def test_a_frame_over_the_limit_is_refused_from_its_header() -> None:
+    reader = FrameReader(1000, lambda payload: None)
+    buf = reader.get_buffer(-1)
+    buf[:4] = struct.pack(">I", 1001)
+    with pytest.raises(TransportError, match="1001 bytes exceeds the 1000-byte limit"):
+        reader.buffer_updated(4)

@@ -238,6 +238,61 @@ async def test_oversized_frame_from_authenticated_peer_drops_the_connection() ->
         await b.close()
 
 
+async def test_big_and_small_messages_interleaved_arrive_whole_and_in_order() -> None:
+    """Frames far bigger than the receiver's 256 KiB read buffer (bodies of
+    up to 20 MiB, so batches of one) between small ones: the reader grows
+    its buffer for them, reads their rest alone, and gives back the memory
+    after the last (the buffer is kept up to 32 MiB)."""
+    a, b, ia, ib = await _pair()
+    try:
+        sizes = [10, 70_000, 5, 300_000, 1, 3 * 1024 * 1024, 2, 20 * 1024 * 1024, 3, 40 * 1024 * 1024, 4]
+        sent = [bytes([i]) * n for i, n in enumerate(sizes)]
+        for m in sent:
+            a.send("b", m)
+        got = await ib.wait_for("a", len(sent), timeout=30)
+        assert [len(m) for m in got] == sizes
+        assert got == sent
+        (inbound,) = b._inbound
+        assert len(inbound._reader._buf) == 256 * 1024  # the 40 MiB buffer was given back
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_failing_handler_drops_the_connection_and_later_messages_arrive(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An exception out of on_message is a bug in the node, not the peer's
+    fault: the connection is dropped (the sender sees it and re-sends what
+    it must), the node keeps running, and a new connection delivers."""
+    got: list[Any] = []
+
+    def on_message(peer: str, message: Any) -> None:
+        if message == b"boom":
+            raise RuntimeError("handler bug")
+        got.append(message)
+
+    a = PeerTransport("a", SECRET, lambda p, m: None)
+    b = PeerTransport("b", SECRET, on_message)
+    await a.start()
+    await b.start()
+    a.add_peer("b", "127.0.0.1", b.port)
+    try:
+        a.send("b", b"boom")
+
+        async def delivered_after_reconnect() -> None:
+            while b"after" not in got:
+                a.send("b", b"after")
+                await asyncio.sleep(0.05)
+
+        with caplog.at_level(logging.ERROR, logger="broker.transport"):
+            await asyncio.wait_for(delivered_after_reconnect(), 10)
+        assert a.stats.connects >= 2
+        assert "a message's handler failed" in caplog.text
+    finally:
+        await a.close()
+        await b.close()
+
+
 def test_empty_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="secret"):
         PeerTransport("a", b"", lambda p, m: None)
