@@ -253,10 +253,8 @@ class PeerTransport:
         for out in self._peers.values():
             if out.task is not None:
                 out.task.cancel()
-        for p in list(self._inbound):
-            p.close()
         tasks = [o.task for o in self._peers.values() if o.task]
-        await asyncio.gather(*tasks, self._accept_closed(), return_exceptions=True)
+        await asyncio.gather(*tasks, self._abort_inbound(), return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
         self._peers.clear()
@@ -435,9 +433,16 @@ class PeerTransport:
             raise AuthenticationFailed(f"expected node {expected_peer!r} at that address, found {server_node!r}")
 
     # ------------------------------------------------------------------ receiving
-    async def _accept_closed(self) -> None:
-        """Wait until every inbound connection has run its connection_lost."""
-        await asyncio.gather(*(p.closed for p in list(self._inbound)), return_exceptions=True)
+    async def _abort_inbound(self) -> None:
+        """Abort every inbound connection (nothing on them is worth flushing
+        at shutdown; a TLS close would wait for a gone peer's close_notify)
+        and wait until each has run its connection_lost. A connection
+        accepted meanwhile aborts itself (connection_made sees _closed)."""
+        while self._inbound:
+            inbound = list(self._inbound)
+            for p in inbound:
+                p.abort()
+            await asyncio.gather(*(p.closed for p in inbound), return_exceptions=True)
 
     def _inbound_protocol(self) -> _InboundProtocol:
         return _InboundProtocol(self)
@@ -484,12 +489,16 @@ class FrameReader:
     `on_frame` propagate (the connection is then dropped).
     """
 
-    __slots__ = ("max_frame", "on_frame", "_buf", "_view", "_start", "_end", "_frame_end")
+    __slots__ = ("max_frame", "on_frame", "buffer_size", "_buf", "_view", "_start", "_end", "_frame_end")
 
-    def __init__(self, max_frame: int, on_frame: Callable[[memoryview], None]) -> None:
+    def __init__(self, max_frame: int, on_frame: Callable[[memoryview], None],
+                 buffer_size: int = _SMALL_BUFFER) -> None:
         self.max_frame = max_frame
         self.on_frame = on_frame
-        self._buf = bytearray(_SMALL_BUFFER)
+        #: the buffer's size between big frames (may be raised at any time: it
+        #: takes effect at the next read)
+        self.buffer_size = buffer_size
+        self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
         self._start = 0  # first unconsumed byte
         self._end = 0  # end of the bytes read
@@ -523,20 +532,25 @@ class FrameReader:
                 self.on_frame(payload)
             finally:
                 payload.release()
+        size = len(self._buf)
         if start == end:
             self._start = self._end = self._frame_end = 0
-            if len(self._buf) > _KEEP_BUFFER:
-                self._resize(_SMALL_BUFFER)
+            if size > max(_KEEP_BUFFER, self.buffer_size) or size < self.buffer_size:
+                self._resize(self.buffer_size)
             return
         need = (frame_end - start) if frame_end else 4  # the whole frame being read
-        if start + need > len(self._buf):
-            if need > len(self._buf):
-                self._resize(max(need, min(2 * len(self._buf), _KEEP_BUFFER)))
+        if start + need > size or size < self.buffer_size:
+            if need > size or size < self.buffer_size:
+                self._resize(max(need, self.buffer_size, min(2 * size, _KEEP_BUFFER)))
             else:  # move the frame's start to the buffer's start
                 have = end - start
                 view[:have] = view[start:end]
                 self._start, self._end = 0, have
         self._frame_end = self._start + need if frame_end else 0
+
+    def pending(self) -> int:
+        """Bytes read of a frame not yet complete."""
+        return self._end - self._start
 
     def _resize(self, size: int) -> None:
         have = self._end - self._start
@@ -564,7 +578,9 @@ class _InboundProtocol(asyncio.BufferedProtocol):
     def __init__(self, owner: PeerTransport) -> None:
         self._owner = owner
         self._transport: asyncio.Transport | None = None
-        self._reader = FrameReader(4096, self._on_handshake)
+        # 8 KiB until the peer is authenticated: an unauthenticated connection
+        # costs little (its frame is at most 4 KiB)
+        self._reader = FrameReader(4096, self._on_handshake, buffer_size=8192)
         self._ns = os.urandom(16)
         self._peer: str | None = None
         self._addr: object = None
@@ -575,6 +591,9 @@ class _InboundProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._addr = transport.get_extra_info("peername")
+        if self._owner._closed:  # accepted as the transport closed: no new connection
+            self.abort()
+            return
         self._owner._inbound.add(self)
         self._transport.write(_encode({"v": PROTOCOL_VERSION, "challenge": self._ns}))
         self._timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
@@ -600,7 +619,12 @@ class _InboundProtocol(asyncio.BufferedProtocol):
                 self._transport.write(exc.reply)
             self._fail()
         except TransportError as exc:
-            log.warning("%s: dropping connection from %s (%s): %s", owner.node, self._peer, self._addr, exc)
+            if self._peer is None:  # e.g. an oversized first frame: still the handshake
+                owner.stats.auth_failures += 1
+                log.warning("%s: refused unauthenticated peer %s: malformed handshake: %s",
+                            owner.node, self._addr, exc)
+            else:
+                log.warning("%s: dropping connection from %s (%s): %s", owner.node, self._peer, self._addr, exc)
             self._fail()
         except Exception:  # a handler's bug: drop the connection (the peer re-sends), keep the node
             log.exception("%s: dropping connection from %s (%s): a message's handler failed",
@@ -622,9 +646,12 @@ class _InboundProtocol(asyncio.BufferedProtocol):
         owner = self._owner
         owner.inbound_peers[peer] = owner.inbound_peers.get(peer, 0) + 1
         self._reader.max_frame = owner._max_frame
+        self._reader.buffer_size = _SMALL_BUFFER
         self._reader.on_frame = self._on_batch
 
     def _on_batch(self, payload: memoryview) -> None:
+        if self._failed:
+            return  # a message's handler closed the connection: the rest is not delivered
         batch = _decode_frame(payload)
         if not isinstance(batch, list):
             raise TransportError("frame payload is not a batch")
@@ -645,8 +672,11 @@ class _InboundProtocol(asyncio.BufferedProtocol):
         if self._transport is not None:
             self._transport.close()
 
-    def close(self) -> None:
-        self._fail()
+    def abort(self) -> None:
+        """End the connection now, without flushing (shutdown)."""
+        self._failed = True
+        if self._transport is not None:
+            self._transport.abort()
 
     def eof_received(self) -> bool | None:
         return None  # close our side too
@@ -663,6 +693,9 @@ class _InboundProtocol(asyncio.BufferedProtocol):
             self._peer = None
         if exc is not None and not self._failed:
             log.info("%s: inbound connection from %s ended: %s", owner.node, self._addr, exc)
+        elif not self._failed and self._reader.pending():
+            log.info("%s: inbound connection from %s ended in the middle of a frame",
+                     owner.node, self._addr)
         self._failed = True
         owner._inbound.discard(self)
         if not self.closed.done():

@@ -177,18 +177,20 @@ def test_well_formed_msgpack_of_any_shape(value: Any) -> None:
 @settings(derandomize=True, max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([0, 1, 3, 4, 5, 100, 4096, 65_535, 65_536, 70_000, 262_140, 262_144,
                                  300_000, 1_000_000]), min_size=1, max_size=12),
-       st.lists(st.integers(1, 400_000), min_size=1, max_size=8))
+       st.lists(st.integers(1, 400_000), min_size=1, max_size=8),
+       st.sampled_from([16, 8192, 256 * 1024]))
 def test_frames_come_out_whole_and_in_order_however_the_stream_is_cut(
-        sizes: list[int], chunks: list[int]) -> None:
-    """Frames of every size around the reader's buffer (256 KiB) and its
-    read-alone size (64 KiB), read in reads of varying sizes: each frame
-    comes out once, whole, in order."""
+        sizes: list[int], chunks: list[int], buffer_size: int) -> None:
+    """Frames of every size around the reader's buffer (256 KiB, or the
+    handshake's 8 KiB, or smaller than a header) and its read-alone size
+    (64 KiB), read in reads of varying sizes: each frame comes out once,
+    whole, in order."""
     frames = [bytes((i * 7 + j) % 251 for j in range(min(n, 300))) * (n // 300 + 1) for i, n in
               enumerate(sizes)]
     frames = [f[:n] for f, n in zip(frames, sizes, strict=True)]
     data = b"".join(struct.pack(">I", len(f)) + f for f in frames)
     got: list[bytes] = []
-    reader = FrameReader(2_000_000, lambda payload: got.append(bytes(payload)))
+    reader = FrameReader(2_000_000, lambda payload: got.append(bytes(payload)), buffer_size=buffer_size)
     feed(reader, data, chunks)
     assert got == frames
 

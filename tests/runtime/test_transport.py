@@ -315,6 +315,49 @@ async def test_tls_between_peers(tmp_path: Path) -> None:
         await b.close()
 
 
+async def test_shutdown_does_not_wait_for_a_silent_tls_peer(tmp_path: Path) -> None:
+    """A TLS connection whose peer has stopped reading (a partition, a
+    stopped process): close() aborts it rather than waiting up to 30 s for
+    the peer's close_notify, and the unauthenticated connection costs an
+    8 KiB buffer, not the 256 KiB of an authenticated one."""
+    make_ca(tmp_path, "ca")
+    cert, key = make_signed(tmp_path, "peer", "ca", "IP:127.0.0.1")
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tmp_path / "ca.pem"))
+    b = PeerTransport("b", SECRET, lambda p, m: None, server_ssl=server)
+    await b.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.port, ssl=client,
+                                                   server_hostname="127.0.0.1")
+    try:
+        await reader.readexactly(4)  # the challenge's length: the connection is up
+        (inbound,) = b._inbound
+        assert len(inbound._reader._buf) == 8192
+        writer.transport.pause_reading()  # silent from now on
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(b.close(), 10)
+        assert asyncio.get_running_loop().time() - started < 5
+        assert not b._inbound
+    finally:
+        writer.transport.abort()
+
+
+async def test_an_oversized_first_frame_is_an_authentication_failure(caplog: pytest.LogCaptureFixture) -> None:
+    b = PeerTransport("b", SECRET, lambda p, m: None)
+    await b.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.port)
+        await reader.readexactly(4)
+        with caplog.at_level(logging.WARNING, logger="broker.transport"):
+            writer.write(struct.pack(">I", 5000))  # the handshake is at most 4 KiB
+            await asyncio.wait_for(reader.read(), 10)  # ... so the server hangs up
+        writer.close()
+        assert b.stats.auth_failures == 1
+        assert "refused unauthenticated peer" in caplog.text and "5000 bytes" in caplog.text
+    finally:
+        await b.close()
+
+
 def test_frame_format_is_length_prefixed_msgpack() -> None:
     from broker.runtime.transport import _encode
 
