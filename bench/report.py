@@ -5,7 +5,7 @@ ready message and per idle queue, recovery after kill -9 with a backlog,
 failover). Writes docs/PERFORMANCE.md with the tables and matplotlib charts
 (docs/img/perf-*.png) and keeps the raw numbers in bench-results/report.json.
 
-    .venv/bin/python bench/report.py                  # the whole table (~40 min)
+    .venv/bin/python bench/report.py                  # the whole table, 3 runs a row (~40 min)
     .venv/bin/python bench/report.py --quick          # 4 s rows, 100k backlog (~15 min)
     .venv/bin/python bench/report.py --rows 1KiB,16B --setups ours-3,rabbitmq-3
     .venv/bin/python bench/report.py --from-json bench-results/report.json  # rewrite the doc only
@@ -222,34 +222,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                              "duration": r.duration, "backlog": r.backlog}
                                     for r in rows},
                            "results": {}, "idle_rss": {}, "idle_queue_bytes": {}, "ours": {}}
-    for setup in setups:
-        kind, _, n = setup.partition("-")
-        if kind == "rabbitmq" and not rabbitmq_local.installed():
-            print(f"{setup}: rabbitmq-server is not installed; skipped", flush=True)
-            continue
-        with tempfile.TemporaryDirectory(prefix=f"qq-report-{setup}-") as d:
-            ctx = ours(int(n), Path(d)) if kind == "ours" else rabbitmq(int(n), Path(d))
-            with ctx as (ports, pids, handle):
-                out["idle_rss"][setup] = settle_rss(pids) / 2**20
-                if args.idle_queues:  # first: later rows leave freed heap that new queues reuse
-                    b = idle_queue_memory(ports, pids, args.idle_queues)
-                    out["idle_queue_bytes"][setup] = b
-                    print(f"{setup:>11} idle queue: {b / KiB:.1f} KiB RSS per queue "
-                          f"({args.idle_queues} queues)", flush=True)
-                out["results"][setup] = {}
-                for wl in rows:
-                    r = load.run(wl, "127.0.0.1", ports, pids)
-                    out["results"][setup][wl.name] = r
-                    print(f"{setup:>11} {wl.name:>14}: {r['rate']:10,.0f} msg/s "
-                          f"(publish {r['publish_rate']:,.0f}/s) p50 {r['p50']:.1f} ms "
-                          f"p99 {r['p99']:.1f} ms rss {r['rss_peak_mib']:.0f} MiB "
-                          f"[{r['confirmed']:,} confirmed, {r['consumed']:,} consumed]", flush=True)
-                if setup == "ours-3" and args.recovery:
-                    rec = recovery_after_kill(handle, args.recovery)
-                    out["ours"]["recovery"] = rec
-                    print(f"recovery after kill -9 of all 3 nodes with {rec['backlog']:,} ready: "
-                          f"nodes up {rec['nodes_up_s']:.1f} s, queue available with its backlog "
-                          f"{rec['queue_available_s']:.1f} s", flush=True)
+    out["repeat"] = args.repeat
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for turn in range(args.repeat):
+        measure_turn(args, setups, rows, out, runs, first=turn == 0)
+    for setup, by_row in runs.items():  # each row: its median run by throughput
+        out["results"][setup] = {}
+        for name, rs in by_row.items():
+            median = dict(sorted(rs, key=lambda r: r["rate"])[len(rs) // 2])
+            median["rates"] = [r["rate"] for r in rs]
+            out["results"][setup][name] = median
     if args.failover:
         times = []
         for i in range(args.failover):
@@ -265,8 +247,50 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def measure_turn(args: argparse.Namespace, setups: list[str], rows: list[Workload], out: dict[str, Any],
+                 runs: dict[str, dict[str, list[dict[str, Any]]]], first: bool) -> None:
+    """Every setup in turn, each running every row once (into `runs`); the
+    first turn also measures idle memory and recovery."""
+    for setup in setups:
+        kind, _, n = setup.partition("-")
+        if kind == "rabbitmq" and not rabbitmq_local.installed():
+            print(f"{setup}: rabbitmq-server is not installed; skipped", flush=True)
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"qq-report-{setup}-") as d:
+            ctx = ours(int(n), Path(d)) if kind == "ours" else rabbitmq(int(n), Path(d))
+            with ctx as (ports, pids, handle):
+                if first:
+                    out["idle_rss"][setup] = settle_rss(pids) / 2**20
+                if args.idle_queues and first:  # first: later rows leave freed heap that new queues reuse
+                    b = idle_queue_memory(ports, pids, args.idle_queues)
+                    out["idle_queue_bytes"][setup] = b
+                    print(f"{setup:>11} idle queue: {b / KiB:.1f} KiB RSS per queue "
+                          f"({args.idle_queues} queues)", flush=True)
+                for wl in rows:
+                    r = load.run(wl, "127.0.0.1", ports, pids)
+                    runs.setdefault(setup, {}).setdefault(wl.name, []).append(r)
+                    print(f"{setup:>11} {wl.name:>14}: {r['rate']:10,.0f} msg/s "
+                          f"(publish {r['publish_rate']:,.0f}/s) p50 {r['p50']:.1f} ms "
+                          f"p99 {r['p99']:.1f} ms rss {r['rss_peak_mib']:.0f} MiB "
+                          f"[{r['confirmed']:,} confirmed, {r['consumed']:,} consumed]", flush=True)
+                if setup == "ours-3" and args.recovery and first:
+                    rec = recovery_after_kill(handle, args.recovery)
+                    out["ours"]["recovery"] = rec
+                    print(f"recovery after kill -9 of all 3 nodes with {rec['backlog']:,} ready: "
+                          f"nodes up {rec['nodes_up_s']:.1f} s, queue available with its backlog "
+                          f"{rec['queue_available_s']:.1f} s", flush=True)
+
+
 def _fmt_rate(x: float) -> str:
     return "-" if x != x else f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+def _fmt_runs(r: dict[str, Any]) -> str:
+    """A row's throughput; with several runs, their range after it."""
+    rates = r.get("rates", [])
+    if len(rates) < 2:
+        return _fmt_rate(r["rate"])
+    return f"{_fmt_rate(r['rate'])} ({_fmt_rate(min(rates))}-{_fmt_rate(max(rates))})"
 
 
 def _fmt_ms(x: float) -> str:
@@ -328,6 +352,12 @@ def write_doc(data: dict[str, Any], path: Path, notes: Path) -> None:
         "first node. Throughput is messages consumed per second end to end; latency is "
         "publish->deliver. A confirm from either broker means fsynced on a quorum.",
         f"- Goal (issue 16): at least {GOAL_RATIO}x RabbitMQ's throughput with p99 no higher.",
+    ]
+    if data.get("repeat", 1) > 1:
+        lines.append(f"- Every setup ran every row {data['repeat']} times, the setups in turn; each "
+                     "row shows its median run by throughput (its latency and memory too), with "
+                     "the range of the runs' throughput in brackets.")
+    lines += [
         "",
     ]
     for n in ("1", "3"):
@@ -354,7 +384,7 @@ def write_doc(data: dict[str, Any], path: Path, notes: Path) -> None:
             else:
                 lat_a = f"{_fmt_ms(a['p50'])} / {_fmt_ms(a['p99'])}"
                 lat_b = f"{_fmt_ms(b['p50'])} / {_fmt_ms(b['p99'])}" if b else "-"
-                rate_a, rate_b = _fmt_rate(a["rate"]), _fmt_rate(b["rate"]) if b else "-"
+                rate_a, rate_b = _fmt_runs(a), _fmt_runs(b) if b else "-"
                 ok = b is not None and ratio >= GOAL_RATIO and a["p99"] <= b["p99"]
                 ratio_s = f"{ratio:.2f}" if b else "-"
             mem = f"{a['rss_peak_mib']:.0f} / {b['rss_peak_mib']:.0f}" if b else f"{a['rss_peak_mib']:.0f} / -"
@@ -403,8 +433,11 @@ def main() -> int:
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--quick", action="store_true", help="4 s rows and a 100k backlog")
-    ap.add_argument("--duration", type=float, default=0, help="seconds of publishing per row")
-    ap.add_argument("--idle-queues", type=int, default=500)
+    ap.add_argument("--duration", type=float, default=6.0,
+                    help="seconds of publishing per row (0: bench/load.py's default)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of every row per setup, the setups in turn; the median is shown")
+    ap.add_argument("--idle-queues", type=int, default=300)
     ap.add_argument("--recovery", type=int, default=1_000_000, help="backlog for the kill -9 test (0: off)")
     ap.add_argument("--failover", type=int, default=3, help="failover repetitions (0: off)")
     ap.add_argument("--state-messages", type=int, default=1_000_000)
@@ -414,6 +447,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.recovery = min(args.recovery, 100_000)
+        args.repeat = 1
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if args.from_json:
         data = json.loads(args.from_json.read_text())
     else:
