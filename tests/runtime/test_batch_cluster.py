@@ -159,6 +159,9 @@ async def test_a_batch_replicates_and_a_follower_reads_each_body_by_key(tmp_path
         await asyncio.gather(*futs)
         await _until(lambda: len(cons.got) == 45, tick)
         assert [body for _, body in cons.got[40:]] == [b"n%d" % i for i in range(5)]
+        # a and c commit without b, and a sends b the bodies with their
+        # deliveries while b is behind: b caches them as it applies them
+        await _until(lambda: b.q.group.applied_index >= a.q.group.applied_index, tick)
         assert sorted(m[1] for m in b.q._cache.values()) == [b"n%d" % i for i in range(5)]
     finally:
         for m in ms:
