@@ -245,7 +245,7 @@ class QueueHandle(Protocol):
         """Submit an idempotent command until applied or the queue is gone."""
         ...
 
-    def message(self, key: int) -> StoredMessage: ...  # a message key (qm.msg_key)
+    def message(self, key: int) -> StoredMessage: ...  # the body of a message its Dequeue took (qm.msg_key)
 
     def enqueue(self, properties: bytes, body: bytes, exchange: str, routing_key: str,
                 priority: int | None, expiration_ms: int | None) -> Awaitable[object]:

@@ -98,10 +98,6 @@ class _Request:
         self.gen = -1  # connection generation it was last sent on (-1: not sent)
 
 
-class _LocalQueue(Protocol):
-    def message(self, index: int) -> tuple[bytes, bytes, str, str]: ...
-
-
 class ClusterHost(Protocol):
     """What the cluster plumbing asks of the node: where a queue's leader is,
     and the handlers of what peers send."""
@@ -110,13 +106,15 @@ class ClusterHost(Protocol):
     def node_name(self) -> str: ...
     @property
     def incarnation(self) -> str: ...
-    def queue(self, vhost: str, name: str) -> _LocalQueue | None: ...
+    def queue(self, vhost: str, name: str) -> object | None: ...
     def queue_leader(self, vhost: str, name: str) -> str | None: ...
     def flush_forwarded(self, vhost: str, name: str) -> None: ...
     # payload: a queue payload (runtime/wire.py); the future's result, the machine's reply
     def submit_as_leader(self, vhost: str, name: str, payload: Any) -> asyncio.Future[Any]: ...
     def remember_dequeued(self, vhost: str, name: str, index: int,
                           msg: tuple[bytes, bytes, str, str]) -> None: ...
+    def dequeued_message(self, vhost: str, name: str, index: int
+                         ) -> tuple[bytes, bytes, str, str] | None: ...
     def serve_call(self, op: str, args: Any) -> object: ...  # args: msgpack-decoded
     def step_group(self, group_id: str, msg: RaftMessage) -> None: ...
     def remote_deliveries(self, vhost: str, name: str, channel: str, tag: str,
@@ -461,9 +459,8 @@ class Cluster:
             result = f.result()
             if isinstance(result, qm.Dequeued):
                 # basic.get from a node that may hold no replica: send the body along
-                q = self.node.queue(vhost, queue)
-                body = list(q.message(result.key)) if q is not None else None
-                reply("ok", ["dqb", encode_reply(result), body])
+                msg = self.node.dequeued_message(vhost, queue, result.key)
+                reply("ok", ["dqb", encode_reply(result), list(msg) if msg is not None else None])
             else:
                 reply("ok", encode_reply(result))
         fut.add_done_callback(done)

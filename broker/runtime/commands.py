@@ -147,7 +147,8 @@ class Commands:
         return q._submit(payload)
 
     def remember_dequeued(self, vhost: str, name: str, key: int, msg: Message) -> None:
-        """A basic.get's body (message `key`) shipped by a leader on another node."""
+        """A basic.get's body (message `key`), read as its Dequeue was applied
+        by the leader here, or shipped by a leader on another node."""
         bodies = self._dequeued_bodies
         bodies[(vhost, name, key)] = msg
         while len(bodies) > 1024:  # a get reads its body at once; bound stragglers

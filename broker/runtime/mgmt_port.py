@@ -84,7 +84,11 @@ class QueueRef:
         self._node.commands.queue_command_reliable(self._q.uid, cmd, on_applied)
 
     def message(self, key: int) -> StoredMessage:
-        props, body, exchange, routing_key = self._q.message(key)[:4]
+        """A message the handle's basic.get dequeued (commands.dequeued_message)."""
+        msg = self._node.commands.dequeued_message(self._q, key)
+        if msg is None:
+            raise KeyError(f"message {key} of queue '{self._q.name}' is not readable on this node")
+        props, body, exchange, routing_key = msg[:4]
         return StoredMessage(bytes(props), bytes(body), exchange, routing_key)
 
     def enqueue(self, properties: bytes, body: bytes, exchange: str, routing_key: str,

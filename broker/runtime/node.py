@@ -584,6 +584,10 @@ class Node:
     def remember_dequeued(self, vhost: str, name: str, index: int, msg: Message) -> None:
         self.commands.remember_dequeued(vhost, name, index, msg)
 
+    def dequeued_message(self, vhost: str, name: str, index: int) -> Message | None:
+        q = self.queue(vhost, name)
+        return self.commands.dequeued_message(q, index) if q is not None else None
+
     async def commands_settled(self, uid: QueueUid, timeout: float = 5.0) -> None:
         await self.commands.commands_settled(uid, timeout)
 

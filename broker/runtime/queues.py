@@ -62,8 +62,6 @@ DELIVERY_BATCH_BYTES = 16 * 1024 * 1024
 #: Body bytes a leader gathers into one batch entry before proposing it
 #: (bigger bodies gain nothing from sharing an entry).
 PROPOSE_BATCH_BYTES = 256 * 1024
-#: Bodies of basic.get's messages held for their gets (QueueProcess._dequeued).
-MAX_DEQUEUED_HELD = 1024
 #: A queue's identity: vhost, name and its declaration's creation time (a
 #: queue deleted and declared again is another queue). Channels key their
 #: publish numbering and settles by it, never by the Python object: a
@@ -110,6 +108,8 @@ class Host(DlxHost, Protocol):
 
     def channel_gone(self, channel: str) -> bool: ...
 
+    def remember_dequeued(self, vhost: str, name: str, index: int, msg: Message) -> None: ...
+
 
 class QueueProcess:
     """Shared logic of quorum and classic queues: commands out, effects in."""
@@ -131,12 +131,6 @@ class QueueProcess:
         self._cache: OrderedDict[int, Message] = OrderedDict()
         self._cache_bytes = 0
         self.cache_limit = 64 * 1024 * 1024
-        # Bodies of messages basic.get took (message key -> message), read as
-        # the Dequeue is applied: the get reads its body after the reply
-        # reaches it, and a snapshot taken at that very entry may have
-        # released the body from the log by then. Bounded (a get that never
-        # reads its body leaves one behind).
-        self._dequeued: OrderedDict[int, Message] = OrderedDict()
         self.deleted = False
         self.had_consumer = False  # auto-delete only applies once a consumer came
         # x-expires is checked when a Tick is applied; the machine sets no timer
@@ -187,15 +181,17 @@ class QueueProcess:
         return reply
 
     def _hold_dequeued(self, key: int) -> None:
+        """Read a basic.get's body as its Dequeue is applied, and leave it
+        with the node (commands.remember_dequeued, where a body shipped by a
+        remote leader waits too) for the get to take: the get reads it only
+        after the reply reaches it, and a snapshot taken at this very entry
+        may have released it from the log by then."""
         try:
             msg = self.message(key)
         except (KeyError, IndexError, ValueError, st.StorageError) as exc:
             log.warning("queue %s: body of dequeued message %d unreadable: %s", self.name, key, exc)
             return
-        held = self._dequeued
-        held[key] = msg
-        while len(held) > MAX_DEQUEUED_HELD:
-            held.popitem(last=False)
+        self.host.remember_dequeued(self.vhost, self.name, key, msg)
 
     def _command_applied(self) -> None:
         """A command other than an enqueue or a settle was applied (a policy
@@ -229,12 +225,7 @@ class QueueProcess:
             self._cache_bytes -= len(old[1]) + len(old[0])
 
     def message(self, key: int) -> Message:
-        """The message with `key` (types.msg_key): held for its basic.get
-        (taken once), cached, or read from the log."""
-        if self._dequeued:
-            msg = self._dequeued.pop(key, None)
-            if msg is not None:
-                return msg
+        """The message with `key` (types.msg_key): cached, or read from the log."""
         msg = self._cache.get(key)
         if msg is not None:
             return msg

@@ -54,6 +54,11 @@ class _Host:
         self.cut = cut
         self.forwarding = _Drain()
         self.sent: list[tuple[str, list[Any], dict[int, Any]]] = []
+        #: gets' bodies left with the node (as commands.remember_dequeued keeps them)
+        self.dequeued: dict[tuple[str, str, int], Any] = {}
+
+    def remember_dequeued(self, vhost: str, name: str, index: int, msg: Any) -> None:
+        self.dequeued[(vhost, name, index)] = msg
 
     def send_raft(self, dst: str, msg: Any) -> None:
         if self.node_name in self.cut or dst in self.cut or dst not in self.net:
@@ -253,13 +258,14 @@ async def test_a_no_ack_get_reads_its_body_when_its_entry_snapshots(tmp_path: Pa
             await asyncio.sleep(0)
         snap = a.glog.snapshot_meta()
         assert snap is not None and a.glog.first_index() > reply.key >> 5  # released
-        assert a.q.message(reply.key)[1] == b"precious"
-        assert not a.q._dequeued  # taken by the get's read
-        # a get whose body is cached leaves nothing held either
+        # the get takes its body from the node (commands.dequeued_message)
+        assert a.host.dequeued.pop(("/", "q", reply.key))[1] == b"precious"
+        assert not a.host.dequeued  # taken by the get's read
+        # a get whose body is cached leaves it with the node the same way
         await a.q._submit(_enq(2, b"cached"))
         reply = await a.q.command(qm.Dequeue(ChannelRef("a|ch1"), True))
         assert isinstance(reply, qm.Dequeued)
-        assert a.q.message(reply.key)[1] == b"cached" and not a.q._dequeued
+        assert a.host.dequeued.pop(("/", "q", reply.key))[1] == b"cached" and not a.host.dequeued
     finally:
         for m in ms:
             m.close()
