@@ -298,13 +298,18 @@ def test_empty_secret_is_refused() -> None:
         PeerTransport("a", b"", lambda p, m: None)
 
 
-async def test_tls_between_peers(tmp_path: Path) -> None:
+def _tls_contexts(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts for peers at 127.0.0.1, signed by a test CA."""
     make_ca(tmp_path, "ca")
     cert, key = make_signed(tmp_path, "peer", "ca", "IP:127.0.0.1")
-    ca = tmp_path / "ca.pem"
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tmp_path / "ca.pem"))
+    return server, client
+
+
+async def test_tls_between_peers(tmp_path: Path) -> None:
+    server, client = _tls_contexts(tmp_path)
     tls = {"server_ssl": server, "client_ssl": client}
     a, b, ia, ib = await _pair(a=tls, b=tls)
     try:
@@ -320,11 +325,7 @@ async def test_shutdown_does_not_wait_for_a_silent_tls_peer(tmp_path: Path) -> N
     stopped process): close() aborts it rather than waiting up to 30 s for
     the peer's close_notify, and the unauthenticated connection costs an
     8 KiB buffer, not the 256 KiB of an authenticated one."""
-    make_ca(tmp_path, "ca")
-    cert, key = make_signed(tmp_path, "peer", "ca", "IP:127.0.0.1")
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tmp_path / "ca.pem"))
+    server, client = _tls_contexts(tmp_path)
     b = PeerTransport("b", SECRET, lambda p, m: None, server_ssl=server)
     await b.start()
     reader, writer = await asyncio.open_connection("127.0.0.1", b.port, ssl=client,
