@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from broker.runtime import app
+import broker.runtime.app as app
 
 
 def main(argv: list[str] | None = None) -> int:

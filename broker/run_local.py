@@ -11,7 +11,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        from broker.runtime import cluster_local
+        import broker.runtime.cluster_local as cluster_local
     except ImportError:
         print(
             "make run: the broker node runtime is not implemented yet, so no cluster is started.\n"

@@ -49,7 +49,8 @@ from typing import Any, Final
 from pamqp import base as pamqp_base
 from pamqp import commands as C
 
-from . import codec
+import broker.amqp.codec as codec
+
 from .codec import (
     ACK_ID,
     FRAME_BODY,

@@ -22,7 +22,9 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import limits, policies
+import broker.metadata.limits as limits
+import broker.metadata.policies as policies
+
 from .commands import (
     AddUser,
     AddVhost,

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from broker import metadata as md
+import broker.metadata as md
 
 from .api_admin import (
     delete_permission,

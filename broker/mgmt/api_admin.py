@@ -13,9 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import metadata as md
+import broker.metadata as md
+import broker.mgmt.views as v
 
-from . import views as v
 from .api_common import (
     ApiError,
     Ctx,

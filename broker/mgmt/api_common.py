@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from broker import metadata as md
+import broker.metadata as md
+import broker.mgmt.views as v
 
-from . import views as v
 from .port import (
     ManagementPort,
     MembershipRefused,

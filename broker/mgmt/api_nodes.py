@@ -14,9 +14,9 @@ from typing import Any
 
 from aiohttp import web
 
+import broker.mgmt.views as v
 from broker.storage.manifest import node_manifest
 
-from . import views as v
 from .api_common import (
     PORT_KEY,
     ApiError,

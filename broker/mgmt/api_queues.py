@@ -19,11 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from broker import metadata as md
-from broker import queue as qm
-from broker.common import discovery
+import broker.common.discovery as discovery
+import broker.metadata as md
+import broker.mgmt.views as v
+import broker.queue as qm
 
-from . import views as v
 from .api_common import (
     ApiError,
     Ctx,
@@ -341,7 +341,7 @@ def _int_param(body: dict[str, Any], key: str, default: int | None = None) -> in
 
 
 def _properties_view(raw: bytes, delivery_count: int, quorum: bool) -> dict[str, Any]:
-    from broker.amqp import codec as acodec
+    import broker.amqp.codec as acodec
 
     props = acodec.decode_properties(raw)
     out: dict[str, Any] = {}
@@ -455,7 +455,7 @@ PUBLISH_KEYS: dict[str, type | tuple[type, ...]] = {
 def _encode_properties(props: dict[str, Any]) -> tuple[bytes, int | None, int | None, Any]:
     from pamqp import commands as pc
 
-    from broker.amqp import codec as acodec
+    import broker.amqp.codec as acodec
 
     kwargs: dict[str, Any] = {}
     for key, value in props.items():

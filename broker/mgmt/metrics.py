@@ -32,7 +32,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from . import views as v
+import broker.mgmt.views as v
+
 from .port import ManagementPort
 
 SAMPLE_INTERVAL_S = 0.2  # cost: one pass over the awake local groups per interval

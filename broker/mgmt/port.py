@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from broker import metadata as md
-from broker import queue as qm
+import broker.metadata as md
+import broker.queue as qm
 from broker.common.config import Config
 
 #: A JSON object as the API shows it (RabbitMQ's shapes: connections,

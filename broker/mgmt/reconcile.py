@@ -26,9 +26,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from broker import metadata as md
+import broker.metadata as md
+import broker.mgmt.views as v
 
-from . import views as v
 from .port import ManagementPort, PortError
 
 log = logging.getLogger("broker.mgmt.reconcile")

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from broker import metadata as md
+import broker.metadata as md
 
 from .port import ManagementPort, NodeResources, QueueCounts
 

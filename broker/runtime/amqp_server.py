@@ -29,9 +29,9 @@ import time
 from collections.abc import Mapping, MutableSet
 from typing import Any, Protocol, cast
 
-from broker import metadata as md
-from broker.amqp import codec as acodec
-from broker.amqp import events as ev
+import broker.amqp.codec as acodec
+import broker.amqp.events as ev
+import broker.metadata as md
 from broker.amqp.connection import ServerConfig, ServerConnection
 
 from .alarms import blocked_reason

@@ -48,10 +48,10 @@ from typing import Any, Literal, NoReturn, Protocol
 from pamqp import commands as C
 from pamqp.base import Frame
 
-from broker import metadata as md
-from broker import queue as qm
-from broker.amqp import codec as acodec
-from broker.amqp import events as ev
+import broker.amqp.codec as acodec
+import broker.amqp.events as ev
+import broker.metadata as md
+import broker.queue as qm
 from broker.amqp.connection import ServerConnection
 from broker.common.config import Config
 from broker.metadata.types import PermissionKind

@@ -41,10 +41,11 @@ from typing import Any
 
 import msgpack
 
-from broker import queue as qm
-from broker import storage as st
+import broker.queue as qm
+import broker.queue.effects as qe
+import broker.runtime.wire as wire
+import broker.storage as st
 from broker.common.packing import packb
-from broker.queue import effects as qe
 from broker.queue.machine import SIZE_MASK, rec_key
 from broker.queue.snapshot import is_version_1
 from broker.queue.types import (
@@ -58,7 +59,6 @@ from broker.queue.types import (
     msg_key,
 )
 
-from . import wire
 from .errors import QueueGone
 from .queues import Host, Message, QueueProcess, live_keys
 

@@ -23,11 +23,11 @@ from dataclasses import fields, is_dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from broker import queue as qm
+import broker.queue as qm
+import broker.runtime.peer_wire as pw
+import broker.runtime.raft_wire as raft_wire
 from broker.raft import Message as RaftMessage
 
-from . import peer_wire as pw
-from . import raft_wire
 from .errors import Refused
 from .raft_group import ProposalReplaced, ProposalUnknown
 from .transport import PeerTransport

@@ -36,11 +36,11 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any, Protocol
 
-from broker import metadata as md
-from broker import queue as qm
-from broker import storage as st
+import broker.metadata as md
+import broker.queue as qm
+import broker.runtime.wire as wire
+import broker.storage as st
 
-from . import wire
 from .background import log_failure
 from .backoff import Backoff
 from .dead_letter import dead_letter_message, dl_cycle

@@ -30,10 +30,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import metadata as md
-from broker import queue as qm
-from broker.amqp import codec as acodec
-from broker.queue import effects as qe
+import broker.amqp.codec as acodec
+import broker.metadata as md
+import broker.queue as qm
+import broker.queue.effects as qe
 
 from .publish import PublisherSession
 

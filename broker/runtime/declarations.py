@@ -23,8 +23,8 @@ import os
 from collections.abc import Collection, Mapping, Sized
 from typing import Any, Protocol
 
-from broker import metadata as md
-from broker import queue as qm
+import broker.metadata as md
+import broker.queue as qm
 from broker.common.config import Config
 
 from .background import spawn

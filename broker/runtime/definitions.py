@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import metadata as md
+import broker.metadata as md
 
 if TYPE_CHECKING:
     from broker.common.config import Config

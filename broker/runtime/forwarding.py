@@ -35,7 +35,7 @@ import logging
 from collections.abc import Collection, Iterable
 from typing import Any, Protocol
 
-from broker import metadata as md
+import broker.metadata as md
 
 from .background import spawn
 from .cluster import NotLeaderHere

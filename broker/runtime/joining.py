@@ -23,10 +23,10 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from broker import metadata as md
+import broker.metadata as md
+import broker.runtime.peer_wire as pw
 from broker.raft import ConfChange, ConfChangeKind, NodeId
 
-from . import peer_wire as pw
 from .background import spawn
 from .metastore import CLUSTER_NODES
 from .raft_group import RaftGroup

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Collection, Sized
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import metadata as md
+import broker.metadata as md
 from broker.metadata.errors import NOT_ALLOWED
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import metadata as md
+import broker.metadata as md
 
 from .errors import Refused
 

@@ -31,11 +31,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker import metadata as md
-from broker import storage as st
+import broker.metadata as md
+import broker.runtime.wire as wire
+import broker.storage as st
 from broker.raft import Membership, NodeId, RaftConfig, Role
 
-from . import wire
 from .backoff import RestartGate
 from .machine import Cursor, MachineSnapshot
 from .raft_group import RaftGroup

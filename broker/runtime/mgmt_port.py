@@ -15,8 +15,8 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from broker import metadata as md
-from broker import queue as qm
+import broker.metadata as md
+import broker.queue as qm
 from broker.common.config import Config
 from broker.mgmt.port import (
     AlarmStatus,

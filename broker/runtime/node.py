@@ -33,16 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker import metadata as md
-from broker import queue as qm
-from broker import storage as st
+import broker.metadata as md
+import broker.queue as qm
+import broker.runtime.peer_wire as pw
+import broker.storage as st
+import broker.storage.manifest as st_manifest
 from broker.amqp.connection import ServerConfig
 from broker.common.config import Config, ConfigError
 from broker.common.tls import server_context
 from broker.raft import RaftConfig
-from broker.storage import manifest as st_manifest
 
-from . import peer_wire as pw
 from .alarms import DISK, Alarms
 from .amqp_server import AmqpConnection
 from .cluster import Cluster

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
-from broker.storage import manifest as st_manifest
+import broker.storage.manifest as st_manifest
 
 from .alarms import Alarms
 from .limits import Counts

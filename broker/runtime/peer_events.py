@@ -36,7 +36,8 @@ import zlib
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
-from . import peer_wire as pw
+import broker.runtime.peer_wire as pw
+
 from .queues import QueueProcess, QuorumQueue
 from .raft_group import RaftGroup
 

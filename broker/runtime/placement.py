@@ -21,7 +21,7 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-from broker import metadata as md
+import broker.metadata as md
 
 _members = attrgetter("members")
 _leader = attrgetter("leader")

@@ -34,9 +34,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from broker import queue as qm
+import broker.queue as qm
+import broker.runtime.wire as wire
 
-from . import wire
 from .backoff import Backoff
 from .errors import QueueGone
 

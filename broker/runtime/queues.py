@@ -27,9 +27,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker import queue as qm
-from broker import storage as st
-from broker.queue import effects as qe
+import broker.queue as qm
+import broker.queue.effects as qe
+import broker.runtime.wire as wire
+import broker.storage as st
 from broker.queue.machine import rec_key
 from broker.queue.snapshot import is_version_1
 from broker.queue.types import (
@@ -46,7 +47,6 @@ from broker.queue.types import (
 )
 from broker.raft import Membership, NodeId, NotLeader, ProposalDropped, RaftConfig, Role
 
-from . import wire
 from .dead_letter import DlxHost, DlxWorker
 from .machine import Cursor, MachineSnapshot
 from .raft_group import ProposalReplaced, RaftGroup

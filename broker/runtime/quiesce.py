@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol
 
-from broker.runtime import peer_wire as pw
+import broker.runtime.peer_wire as pw
 
 log = logging.getLogger("broker.quiesce")
 

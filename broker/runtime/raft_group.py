@@ -52,7 +52,7 @@ from typing import Any
 
 import msgpack
 
-from broker import storage as st
+import broker.storage as st
 from broker.common.packing import packb
 from broker.raft import (
     AppendResponse,

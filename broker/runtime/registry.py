@@ -35,9 +35,9 @@ from typing import Any, Protocol
 
 import msgpack
 
-from broker import metadata as md
-from broker import queue as qm
-from broker import storage as st
+import broker.metadata as md
+import broker.queue as qm
+import broker.storage as st
 from broker.raft import InvariantViolation, RaftConfig
 
 from .background import spawn

@@ -31,10 +31,10 @@ from typing import Any
 
 import msgpack
 
-from broker import metadata as md
-from broker import queue as qm
+import broker.metadata as md
+import broker.metadata.commands as mdc
+import broker.queue as qm
 from broker.common.packing import packb
-from broker.metadata import commands as mdc
 from broker.metadata.snapshot import decode_value, encode_value
 from broker.queue.types import ChannelRef, ConsumerId
 

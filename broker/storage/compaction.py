@@ -16,7 +16,8 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import CorruptSegmentError
 from .files import fsync_dir, write_parts
 from .segments import SegFile

@@ -16,7 +16,8 @@ import os
 import shutil
 from collections.abc import Sequence
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import StorageError
 
 WAL_SUFFIX = ".wal"

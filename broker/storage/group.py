@@ -51,7 +51,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from . import codec, compaction, snapshots
+import broker.storage.codec as codec
+import broker.storage.compaction as compaction
+import broker.storage.snapshots as snapshots
+
 from .errors import (
     CompactedError,
     CorruptionError,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import CorruptionError, CorruptSegmentError
 from .files import GROUP_FILE, SEG_SUFFIX, seq_of
 from .snapshots import snapshot_files

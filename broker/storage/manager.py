@@ -33,7 +33,9 @@ import os
 import queue
 import threading
 
-from . import codec, snapshots
+import broker.storage.codec as codec
+import broker.storage.snapshots as snapshots
+
 from .errors import (
     CorruptSnapshotError,
     CorruptWalError,

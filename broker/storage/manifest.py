@@ -13,7 +13,8 @@ import os
 import shutil
 from typing import Any
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import CorruptionError
 from .files import CORRUPT_MARKER, GROUP_FILE, SEG_SUFFIX, WAL_SUFFIX, seq_of
 from .inspection import _latest_snapshot_header, read_segment_info

@@ -22,7 +22,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import codec
+import broker.storage.codec as codec
+
 from .files import (
     CORRUPT_MARKER,
     SEG_SUFFIX,

@@ -26,7 +26,8 @@ import collections
 import os
 from dataclasses import dataclass
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import CompactedError, CorruptSegmentError, InvariantError
 from .files import SEG_SUFFIX, fsync_dir, seq_of, write_parts
 from .types import Entry

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import CorruptSnapshotError
 from .files import SNAP_SUFFIX, read_file, write_file_atomic
 from .types import Snapshot, SnapshotMeta

@@ -30,7 +30,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from . import codec
+import broker.storage.codec as codec
+
 from .errors import StorageIOError
 from .files import WAL_SUFFIX, fsync_dir, write_all, write_parts
 from .types import Entry, HardState, StorageConfig
