@@ -265,7 +265,7 @@ def _delivery_limit(*values: int | None) -> int | None:
     return min(limits) if limits else None
 
 
-def parse_queue_arguments(args: dict[str, Any], queue: str, vhost: str,
+def parse_queue_arguments(args: object, queue: str, vhost: str,
                           policy: dict[str, Any] | None = None,
                           operator_policy: dict[str, Any] | None = None) -> QueueConfig:
     """Validate a quorum queue's x-arguments and merge the (operator) policy.

@@ -75,11 +75,12 @@ class _Chunk:
 class RecordFifo:
     """A deque-like FIFO of non-negative ints below 2**192 (see the module doc)."""
 
-    __slots__ = ("_chunks", "_len")
+    __slots__ = ("_chunks", "_len", "_chunk")
 
-    def __init__(self, items: Iterable[int] = ()) -> None:
+    def __init__(self, items: Iterable[int] = (), chunk: int = CHUNK) -> None:
         self._chunks: deque[_Chunk] = deque()
         self._len = 0
+        self._chunk = chunk  # records per chunk an append starts (tests use small ones)
         self.extend(items)
 
     def __len__(self) -> int:
@@ -103,7 +104,7 @@ class RecordFifo:
         if chunks:
             c = chunks[-1]
             w0 = c.w0
-            if len(w0) < CHUNK:
+            if len(w0) < self._chunk:
                 if c.w1 is None and 0 <= rec <= _U64:  # the common case, inline
                     w0.append(rec)
                 else:

@@ -860,8 +860,8 @@ def _dequeue(meta: Meta, cmd: Dequeue, st: QueueState) -> tuple[Reply, list[Effe
     idx = rec_key(rec)
     h = st.extra.get(idx, _NO_HDR) if st.extra else _NO_HDR
     if cmd.settled:
-        if h is not _NO_HDR:
-            del st.extra[idx]
+        if st.extra:
+            st.extra.pop(idx, None)
         mid = 0
     else:
         cid = ConsumerId(cmd.channel, DEQUEUE_TAG)
@@ -1061,10 +1061,13 @@ if set(_HANDLERS) != set(COMMAND_TYPES):  # pragma: no cover - import-time contr
     raise QueueInvariantError("every command type needs exactly one handler")
 
 
-def apply(meta: Meta, command: Command, state: QueueState
+def apply(meta: Meta, command: Command | object, state: QueueState
           ) -> tuple[QueueState, Reply, list[Effect]]:
     """Apply one committed command. Returns the (same, mutated) state, the
-    reply for the caller and the effects for the leader's runtime, in order."""
+    reply for the caller and the effects for the leader's runtime, in order.
+    Anything but a `Command` is refused with `QueueCommandError` (so the
+    parameter is typed `object`: compiled code must not refuse it first with
+    a TypeError)."""
     handler = _HANDLERS.get(type(command))
     if handler is None:
         raise QueueCommandError(f"not a queue command: {command!r}")

@@ -905,10 +905,12 @@ class RaftNode:
         if self.id not in self.config.voters:
             raise ProposalDropped("this leader has been removed from the group")
 
-    def propose(self, data: bytes) -> Index:
-        """Append a command; returns its index. Raises NotLeader(leader_id),
-        ProposalDropped(reason). The AppendEntries go out with the next
-        ready(), together with every other proposal made before it."""
+    def propose(self, data: bytes | object) -> Index:
+        """Append a command (bytes); returns its index. Raises NotLeader(leader_id),
+        ProposalDropped(reason), RaftUsageError for data that is not bytes (typed
+        `object` so that compiled code refuses it with that error, not a
+        TypeError). The AppendEntries go out with the next ready(), together
+        with every other proposal made before it."""
         if self.role is not Role.LEADER or self.transferee is not None:
             self._check_can_propose()
         if type(data) is not bytes:

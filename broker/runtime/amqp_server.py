@@ -24,6 +24,7 @@ it, never runtime/node.py itself (runtime/host_checks.py proves `Node` fits).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Mapping, MutableSet
@@ -79,12 +80,13 @@ class ServerNode(ChannelNode, Protocol):
     def queues(self) -> Mapping[tuple[str, str], object]: ...
 
 
-class AmqpConnection(asyncio.Protocol):
-    _ids = 0
+#: connection ids, unique within the process ("c1", "c2", ...)
+_conn_ids = itertools.count(1)
 
+
+class AmqpConnection(asyncio.Protocol):
     def __init__(self, node: ServerNode) -> None:
-        AmqpConnection._ids += 1
-        self.id = f"c{AmqpConnection._ids}"
+        self.id = f"c{next(_conn_ids)}"
         self.node = node
         self.amqp = ServerConnection(node.amqp_config)
         self.transport: asyncio.Transport | None = None

@@ -74,6 +74,7 @@ from .confirms import (
 from .declarations import reply_detail
 from .errors import ChannelError
 from .msg_stats import MsgCounters, NodeStats
+from .pamqp_ext import declare_ok as _declare_ok
 from .publish import PublisherSession
 from .queues import Message, QueueProcess, QueueUid
 
@@ -886,7 +887,7 @@ class Channel:
         conn = self.conn
         amqp = conn.amqp
         for kind, seq, multiple in frames:
-            if kind is ACK:
+            if kind == ACK:
                 conn.write(amqp.send_ack(self.number, seq, multiple))
             else:
                 conn.write(amqp.send_nack(self.number, seq, multiple))
@@ -1078,19 +1079,6 @@ def _expiration(text: str) -> int:
 
 
 Unacked = tuple[QueueProcess, ConsumerId, MsgId, float, int]
-
-
-class _AnyNameDeclareOk(C.Queue.DeclareOk):
-    """queue.declare-ok for any queue name: pamqp's validation (in __init__ and
-    marshal) refuses names outside [a-zA-Z0-9-_.:@#,/+ ], e.g. non-ASCII ones,
-    which RabbitMQ accepts (any UTF-8 up to 255 bytes, as the codec checks)."""
-
-    def validate(self) -> None:
-        pass
-
-
-def _declare_ok(queue: str, message_count: int, consumer_count: int) -> C.Queue.DeclareOk:
-    return _AnyNameDeclareOk(queue=queue, message_count=message_count, consumer_count=consumer_count)
 
 
 _PUBLISH = C.Basic.Publish()

@@ -285,8 +285,8 @@ class DurableClassicQueue(QueueProcess):
                     continue
                 self._fail(payload, fut, exc)
                 return fut
-            except st.StorageError as exc:
-                self._stop(exc)
+            except st.StorageError as failed:
+                self._stop(failed)
                 raise
             self._next = index + 1
             self._pending.append(_Pending(index, ts, payload, data, fut))
@@ -300,8 +300,8 @@ class DurableClassicQueue(QueueProcess):
             return
         try:
             durable = self.glog.durable_index()
-        except st.StorageError as exc:
-            self._stop(exc)
+        except st.StorageError as failed:
+            self._stop(failed)
             return
         while pending and pending[0].index <= durable:
             p = pending.popleft()

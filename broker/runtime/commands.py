@@ -93,10 +93,10 @@ class Commands:
                 return await cur.command(cmd)
             except ChannelError:
                 raise
-            except ProposalReplaced as exc:
+            except ProposalReplaced as replaced:
                 if time.monotonic() > deadline:
                     raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "
-                                            f"{exc}") from None
+                                            f"{replaced}") from None
                 await asyncio.sleep(0.05)
             except Exception as exc:
                 raise ChannelError(404, f"queue '{q.name}' in vhost '{q.vhost}' is unavailable: "

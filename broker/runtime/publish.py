@@ -107,8 +107,8 @@ class PublisherSession:
         gen = self.gen
         try:
             fut = self._submit(payload)
-        except QueueGone as exc:
-            self._fail_all(exc)
+        except QueueGone as gone:
+            self._fail_all(gone)
             return False
         except Exception as exc:  # noqa: BLE001 - not leader now, group stopping: re-send later
             log.debug("%s: publish %d not submitted: %s", self.name, seq, exc)

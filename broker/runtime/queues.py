@@ -25,7 +25,9 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from mypy_extensions import mypyc_attr
 
 import broker.queue as qm
 import broker.queue.effects as qe
@@ -45,14 +47,11 @@ from broker.queue.types import (
     key_pos,
     msg_key,
 )
-from broker.raft import Membership, NodeId, NotLeader, ProposalDropped, RaftConfig, Role
+from broker.raft import Membership, NodeId, NotLeader, ProposalDropped, RaftConfig, RaftNode, Role
 
 from .dead_letter import DlxHost, DlxWorker
 from .machine import Cursor, MachineSnapshot
 from .raft_group import ProposalReplaced, RaftGroup
-
-if TYPE_CHECKING:
-    from .channel import Consumer
 
 log = logging.getLogger("broker.queues")
 
@@ -111,6 +110,56 @@ class Host(DlxHost, Protocol):
     def remember_dequeued(self, vhost: str, name: str, index: int, msg: Message) -> None: ...
 
 
+class QueueConsumer(Protocol):
+    """What a queue process needs of a consumer of it (channel.Consumer is
+    the AMQP one)."""
+
+    cid: ConsumerId
+    exclusive: bool
+    queue: QueueProcess  # a membership change carries consumers over to the new process
+
+    def deliver(self, queue: QueueProcess, msg_id: MsgId, msg: Message, count: int,
+                redelivered: bool) -> None: ...
+
+    def cancelled_by_server(self) -> None: ...
+
+
+class QueueGroup(Protocol):
+    """What the runtime uses of a quorum queue member's Raft group (a
+    `raft_group.RaftGroup`; the unit tests stand in their own, which compiled
+    code would refuse as a RaftGroup)."""
+
+    group_id: str
+    glog: st.GroupLog
+    node: RaftNode
+    role: Role
+    leader: NodeId | None
+    stopped: BaseException | None
+    closed: bool
+    quiesced: bool
+    applied_index: int
+    applied_since_snapshot: int
+    last_applied_ms: int
+    snapshot_interval: int
+    snapshot_bytes: int
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def propose(self, payload: Any, plain: bool = False) -> asyncio.Future[Any]: ...
+
+    def propose_conf(self, cc: Any) -> asyncio.Future[Any]: ...
+
+    def campaign(self) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+    def _kick(self) -> None: ...  # membership's leadership transfer wakes the group
+
+
+# Compiled (broker/compiled.py), and subclassed by interpreted code: the
+# unit tests' queues stand in for it (and for QuorumQueue).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class QueueProcess:
     """Shared logic of quorum and classic queues: commands out, effects in."""
 
@@ -123,7 +172,7 @@ class QueueProcess:
         self.name = name
         self.uid: QueueUid = (vhost, name, 0)  # the node sets the real one
         self.state = qm.new_state(config)
-        self.consumers: dict[ConsumerId, Consumer] = {}
+        self.consumers: dict[ConsumerId, QueueConsumer] = {}
         self.blocked_publishers: set[ChannelRef] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
@@ -372,7 +421,7 @@ class QueueProcess:
             self._forget(first)
 
     # ---------------------------------------------------------------- consumers
-    def add_consumer(self, consumer: Consumer) -> None:
+    def add_consumer(self, consumer: QueueConsumer) -> None:
         self.consumers[consumer.cid] = consumer
         self.had_consumer = True
 
@@ -446,6 +495,7 @@ class ClassicQueue(QueueProcess):
         raise KeyError(f"classic queue {self.name}: message {key} is gone")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class QuorumQueue(QueueProcess):
     """A replicated quorum queue member on this node (its Raft group).
 
@@ -459,7 +509,7 @@ class QuorumQueue(QueueProcess):
     #: Seconds with nothing applied after which a member that applied entries
     #: since its last snapshot takes one (every replica, of its own state), so
     #: an idle queue's log is released and compacted too.
-    snapshot_idle_s = 5.0
+    snapshot_idle_s: ClassVar[float] = 5.0
 
     def __init__(self, host: Host, vhost: str, name: str, config: qm.QueueConfig,
                  glog: st.GroupLog, members: list[str], raft_config: RaftConfig,
@@ -485,7 +535,7 @@ class QuorumQueue(QueueProcess):
         # The release cursor the entry being applied emitted (release_cursor).
         self._cursor: Cursor | None = None
         # The group restores this member from its log's snapshot (restore).
-        self.group = RaftGroup(
+        self.group: QueueGroup = RaftGroup(
             glog.group_id, host.node_name, glog,
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
             self, host.send_raft, raft_config=raft_config,
@@ -544,10 +594,10 @@ class QuorumQueue(QueueProcess):
                                        "before its gathered publishes were proposed")
             single = len(batch) == 1
             entry = self.group.propose(batch[0] if single else wire.batch_payload(batch), True)
-        except (NotLeader, ProposalDropped) as exc:
+        except (NotLeader, ProposalDropped) as refused:
             # Never proposed: like an entry a new leader replaced, the
             # requester re-sends it, in order, to the leader (cluster.py).
-            _fail(futs, ProposalReplaced(f"not proposed: {exc}"))
+            _fail(futs, ProposalReplaced(f"not proposed: {refused}"))
             return
         except Exception as exc:  # noqa: BLE001 - stopped, closed: each publisher re-sends
             _fail(futs, exc)

@@ -181,10 +181,10 @@ class GroupLogStorage:
             raise Compacted(f"index {index} is below the snapshot at {snap}")
         try:
             return Term(self.glog.term(index))
-        except st.CompactedError as exc:
-            raise Compacted(str(exc)) from None
-        except st.UnavailableError as exc:
-            raise Unavailable(str(exc)) from None
+        except st.CompactedError as compacted:
+            raise Compacted(str(compacted)) from None
+        except st.UnavailableError as unavailable:
+            raise Unavailable(str(unavailable)) from None
 
     def entries(self, lo: Index, hi: Index, max_bytes: int | None) -> list[Entry]:
         snap = self._snap_index()
@@ -192,10 +192,10 @@ class GroupLogStorage:
             raise Compacted(f"entries from {lo} are below the snapshot at {snap}")
         try:
             return [_raft_entry(e) for e in self.glog.entries(lo, hi, max_bytes)]
-        except st.CompactedError as exc:
-            raise Compacted(str(exc)) from None
-        except st.UnavailableError as exc:
-            raise Unavailable(str(exc)) from None
+        except st.CompactedError as compacted:
+            raise Compacted(str(compacted)) from None
+        except st.UnavailableError as unavailable:
+            raise Unavailable(str(unavailable)) from None
 
     def snapshot(self) -> Snapshot:
         snap = self.glog.latest_snapshot()
@@ -475,8 +475,8 @@ class RaftGroup:
         try:
             while self.stopped is None and node.has_ready():
                 self._handle_ready(node.ready())
-        except st.StorageError as exc:
-            self._stop(exc)
+        except st.StorageError as failed:
+            self._stop(failed)
         except Exception as exc:  # noqa: BLE001 - a broken invariant stops this group only
             # A Ready half handled cannot be resumed: the group stops, loudly,
             # fails its waiters (nothing more is confirmed through it) and

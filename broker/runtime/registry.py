@@ -190,6 +190,7 @@ class Registry:
                 return
             qq.snapshot_every = self.snapshot_interval
             qq.group.snapshot_bytes = self.snapshot_bytes
+            assert isinstance(qq.group, RaftGroup)  # QuorumQueue makes a real one
             self.groups[gid] = qq.group
             if voters and (len(record.members) == 1 or (record.leader == self.host.node_name
                                                         and qq.group.glog.last_index() == 0)):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import tracemalloc
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.queue import fifo
 from broker.queue.fifo import RecordFifo
 from broker.queue.machine import EXP_SHIFT, SIZE_BITS, rec_key
 
@@ -32,15 +32,15 @@ _ops = st.lists(st.one_of(
 ), max_size=60)
 
 
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fifo, "CHUNK", 64)  # many chunk boundaries in small tests
+def small(items: Iterable[int] = ()) -> RecordFifo:
+    """A fifo of 64-record chunks: many chunk boundaries in small tests."""
+    return RecordFifo(items, chunk=64)
 
 
 @settings(max_examples=400, derandomize=True, deadline=None)
 @given(_ops)
 def test_same_as_a_deque(ops: list[tuple[str, object]]) -> None:
-    f, d = RecordFifo(), deque[int]()
+    f, d = small(), deque[int]()
     next_idx = 1
     for op, arg in ops:
         if op == "append":
@@ -55,7 +55,7 @@ def test_same_as_a_deque(ops: list[tuple[str, object]]) -> None:
         elif op == "insort":
             # the machine insorts only into an index-ordered `lo`: keep d sorted
             d = deque(sorted(d, key=rec_key))
-            f = RecordFifo(d)
+            f = small(d)
             rec = int(arg)  # type: ignore[call-overload]
             d.insert(bisect_left(d, rec_key(rec), key=rec_key), rec)
             f.insort(rec, rec_key)
@@ -81,7 +81,7 @@ def test_same_as_a_deque(ops: list[tuple[str, object]]) -> None:
 
 
 def test_out_of_range_records_are_refused_and_leave_nothing() -> None:
-    f = RecordFifo([5])
+    f = small([5])
     for bad in (-1, 1 << 192):
         with pytest.raises(ValueError):
             f.append(bad)
@@ -91,7 +91,6 @@ def test_out_of_range_records_are_refused_and_leave_nothing() -> None:
 
 
 def test_eight_bytes_per_record_without_expiry() -> None:
-    fifo.CHUNK = 4096
     n = 200_000
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -107,7 +106,7 @@ def test_eight_bytes_per_record_without_expiry() -> None:
 def test_requeue_at_the_head_reuses_the_popped_slot() -> None:
     """Take the head and put it back, over and over (a consumer nacking the
     head of an index-ordered queue): no slot is left behind per cycle."""
-    f = RecordFifo(i << SIZE_BITS | 5 for i in range(1, 11))
+    f = small(i << SIZE_BITS | 5 for i in range(1, 11))
     for _ in range(10_000):
         rec = f.popleft()
         f.insort(rec, rec_key)

@@ -281,6 +281,9 @@ class Cluster:
         self.dup_rate = 0.0
         self.delay: tuple[int, int] = (0, 0)
         self.net: list[tuple[int, int, Message]] = []
+        #: when a list: every message stepped into a node, in order (for tests
+        #: that watch what a node receives)
+        self.tap: list[Message] | None = None
         self._mseq = 0
         self.snapshot_chunks = 0
         pd: Callable[[], int] | None = None
@@ -354,6 +357,8 @@ class Cluster:
             dst = self.hosts.get(m.dst)
             if dst is None or not dst.alive or not self.can_reach(m.src, m.dst):
                 continue
+            if self.tap is not None:
+                self.tap.append(m)
             try:
                 dst.node.step(m)
             except InvariantViolation as exc:

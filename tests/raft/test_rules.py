@@ -234,18 +234,12 @@ def test_5_3_fast_backoff_converges_in_few_round_trips() -> None:
     # A later leader (term 3) starts probing 1 at its last index, 33.
     c.elect("3")
     c.isolated = set()
-    rejects = []
-    orig = c.node("3").step
-
-    def spy(m: object) -> None:
-        if isinstance(m, AppendResponse) and m.reject and m.src == "1":
-            rejects.append(m)
-        orig(m)  # type: ignore[arg-type]
-
-    c.node("3").step = spy  # type: ignore[method-assign]
+    c.tap = []
     for _ in range(3):
         c.tick()
         c.stabilize()
+    rejects = [m for m in c.tap if isinstance(m, AppendResponse) and m.reject
+               and m.src == "1" and m.dst == "3"]
     assert c.node("1").log.slice(1, c.node("1").log.last_index() + 1, None) == c.node("3").log.slice(
         1, c.node("3").log.last_index() + 1, None
     )
@@ -707,18 +701,11 @@ def test_7_lagging_follower_is_sent_a_chunked_snapshot_and_resumes() -> None:
     c.hosts["1"].take_snapshot()
     assert c.node("1").log.first_index() > 5
     c.isolated = set()
-    chunks: list[InstallSnapshot] = []
-    orig = c.node("3").step
-
-    def spy(m: object) -> None:
-        if isinstance(m, InstallSnapshot):
-            chunks.append(m)
-        orig(m)  # type: ignore[arg-type]
-
-    c.node("3").step = spy  # type: ignore[method-assign]
+    c.tap = []
     for _ in range(5):
         c.tick()
         c.stabilize()
+    chunks = [m for m in c.tap if isinstance(m, InstallSnapshot) and m.dst == "3"]
     assert len({m.offset for m in chunks}) > 3 and chunks[-1].done
     assert c.hosts["3"].sm == c.hosts["1"].sm
     idx = c.propose("1", b"after")

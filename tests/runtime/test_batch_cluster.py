@@ -32,6 +32,7 @@ class _Drain:
 class _Consumer:
     def __init__(self, cid: ConsumerId) -> None:
         self.cid = cid
+        self.exclusive = False
         self.got: list[tuple[int, bytes]] = []
 
     def deliver(self, q: Any, msg_id: int, msg: Any, count: int, redelivered: bool) -> None:

@@ -15,10 +15,13 @@ from broker import queue as qm
 from broker.amqp import codec as acodec
 from broker.runtime.commands import Commands
 from broker.runtime.errors import ChannelError, QueueGone
+from broker.runtime.queues import QueueProcess
 from broker.runtime.raft_group import ProposalReplaced
 
 
-class FakeQueue:
+class FakeQueue(QueueProcess):
+    """A queue process (a subclass: compiled code checks the type) answering from `outcomes`."""
+
     def __init__(self, name: str, created: int = 1, outcomes: list[Any] | None = None) -> None:
         self.vhost, self.name, self.uid = "/", name, ("/", name, created)
         self.deleted = False

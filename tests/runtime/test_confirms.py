@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pamqp import commands as C
 
 from broker import queue as qm
+from broker.amqp import NEED_DATA, PAUSED, ServerConnection
 from broker.amqp import events as ev
-from broker.queue.types import ChannelRef, ConsumerId
+from broker.queue.types import ChannelRef, ConsumerId, MsgId
 from broker.runtime.channel import Channel, ChannelError
 from broker.runtime.confirms import (
     ACK,
@@ -41,6 +43,8 @@ from broker.runtime.confirms import (
     unknown_tag_text,
 )
 from broker.runtime.msg_stats import NodeStats
+from broker.runtime.queues import QueueProcess
+from tests.amqp.helpers import method, parse_frames
 
 # ---------------------------------------------------------------- confirm transcripts
 CONFIRM_TRANSCRIPTS = {
@@ -401,6 +405,42 @@ def test_group_by_consumer_keeps_first_seen_order_and_delivery_order() -> None:
 
 
 # ---------------------------------------------------------------- the channel's use of them
+class _Queue(QueueProcess):
+    """A queue the channel's acks name (only its uid is read)."""
+
+    def __init__(self, uid: tuple[str, str, int]) -> None:  # no host, no state
+        self.vhost, self.name, self.uid = uid[0], uid[1], uid
+
+
+def _open_amqp(channel: int) -> ServerConnection:
+    """A sans-I/O server connection through its handshake, `channel` open."""
+    conn = ServerConnection()
+    conn.receive_data(b"AMQP\x00\x00\x09\x01" + method(C.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN", response="\x00u\x00p")))
+    while conn.next_event() is not PAUSED:
+        pass
+    conn.accept_login()
+    conn.receive_data(method(C.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0))
+                      + method(C.Connection.Open(virtual_host="/")))
+    while conn.next_event() is not PAUSED:
+        pass
+    conn.accept_open()
+    conn.receive_data(method(C.Channel.Open(), channel))
+    while conn.next_event() is not NEED_DATA:
+        pass
+    conn.data_to_send()
+    return conn
+
+
+def _sent(written: list[bytes]) -> list[tuple[str, int, int, bool]]:
+    """The confirms in what the channel wrote, decoded."""
+    out = []
+    for ch, m in parse_frames(b"".join(written)):
+        assert isinstance(m, (C.Basic.Ack, C.Basic.Nack)), m
+        out.append((m.name.split(".")[-1].lower(), ch, m.delivery_tag, m.multiple))
+    return out
+
+
 class _Host:
     """The least of a ChannelHost (runtime/channel.py) these paths touch."""
 
@@ -411,8 +451,7 @@ class _Host:
         self.id = "c1"
         self.channel_opens = 0
         self.nstats = NodeStats(self.node)  # type: ignore[arg-type]
-        self.amqp = SimpleNamespace(send_ack=lambda ch, tag, multiple: ("ack", ch, tag, multiple),
-                                    send_nack=lambda ch, tag, multiple: ("nack", ch, tag, multiple))
+        self.amqp = _open_amqp(3)
         self.written: list[Any] = []
         self.failed: list[tuple[Any, ChannelError]] = []
         self.confirms_dirty: set[Any] = set()
@@ -438,16 +477,16 @@ def test_channel_flush_confirms_writes_the_frames_and_counts_the_acks() -> None:
         ch.outstanding.append(c)
     ch.outstanding.append(Confirm(5, 1))
     ch.flush_confirms()
-    assert host.written == [("ack", 3, 1, False), ("nack", 3, 2, False), ("ack", 3, 4, True)]
+    assert _sent(host.written) == [("ack", 3, 1, False), ("nack", 3, 2, False), ("ack", 3, 4, True)]
     assert (ch.stats.confirm, ch.totals.confirm) == (3, 3)
     assert [c.seq for c in ch.outstanding] == [5]
 
 
 def _deliveries(ch: Channel) -> tuple[ConsumerId, ConsumerId]:
-    qa, qb = SimpleNamespace(uid=("/", "a", 1)), SimpleNamespace(uid=("/", "b", 1))
+    qa, qb = _Queue(("/", "a", 1)), _Queue(("/", "b", 1))
     c1, c2 = ConsumerId(ch.ref, "t1"), ConsumerId(ch.ref, "t2")
     for tag, (q, cid, msg_id) in enumerate([(qa, c1, 10), (qb, c2, 20), (qa, c1, 11), (qa, c1, 12)], 1):
-        ch.unacked[tag] = (q, cid, msg_id, 0.0, 0)  # type: ignore[assignment]
+        ch.unacked[tag] = (q, cid, MsgId(msg_id), 0.0, 0)
     ch.next_tag = 5
     return c1, c2
 

@@ -46,6 +46,7 @@ class FakeQuorumQueue(QuorumQueue):
         self.group = FakeGroup(leader)  # type: ignore[assignment]
         self.proposals: list[Any] = []
         self.submits = 0
+        self.delivered: list[Any] = []  # remote_deliveries' arguments
 
     def propose(self, payload: list[Any]) -> asyncio.Future[Any]:
         self.proposals.append(payload)
@@ -56,6 +57,9 @@ class FakeQuorumQueue(QuorumQueue):
     def _submit(self, payload: list[Any]) -> asyncio.Future[Any]:
         self.submits += 1
         return super()._submit(payload)
+
+    def remote_deliveries(self, *args: Any) -> None:
+        self.delivered.append(args)
 
 
 class Req:
@@ -98,6 +102,18 @@ class FakeRegistry:
         return self.records.get((vhost, name))
 
 
+class CountingForwarding(Forwarding):
+    """The real forwarding, counting its drains."""
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(host)
+        self.flushes = 0
+
+    def flush_forwarded(self, vhost: str, name: str) -> None:
+        self.flushes += 1
+        super().flush_forwarded(vhost, name)
+
+
 class FakeNode:
     node_name = "a"
 
@@ -107,14 +123,16 @@ class FakeNode:
         self.meta_group = FakeGroup("b")
         self.unreachable: frozenset[str] = frozenset()
         self.executed: list[Any] = []
-        self.forwarding = Forwarding(self)
-        self.flushes = 0  # drains asked for (a leader's queue asks the forwarding directly)
-        drain = self.forwarding.flush_forwarded
+        self.forwarding = CountingForwarding(self)
 
-        def counted(vhost: str, name: str) -> None:
-            self.flushes += 1
-            drain(vhost, name)
-        self.forwarding.flush_forwarded = counted  # type: ignore[method-assign]
+    @property
+    def flushes(self) -> int:
+        """Drains asked for (a leader's queue asks the forwarding directly)."""
+        return self.forwarding.flushes
+
+    @flushes.setter
+    def flushes(self, n: int) -> None:
+        self.forwarding.flushes = n
 
     async def meta_execute(self, cmd: Any) -> Any:
         self.executed.append(cmd)
@@ -162,7 +180,7 @@ def test_serving_as_leader_only_where_this_node_leads() -> None:
     async def body() -> None:
         node = FakeNode(FakeCluster())
         node.registry.queues[("/", "f")] = FakeQuorumQueue(node, "f", "b")
-        node.registry.queues[("/", "r")] = RemoteQueue.__new__(RemoteQueue)
+        node.registry.queues[("/", "r")] = RemoteQueue(node, "/", "r", qm.parse_queue_arguments({}, "r", "/"))
         for name in ("f", "r", "missing"):
             with pytest.raises(NotLeaderHere):
                 node.forwarding.submit_as_leader("/", name, ["x"])
@@ -231,7 +249,7 @@ def test_a_leader_records_itself_once_per_term_and_deliveries_pass_through() -> 
         assert cluster.deliveries == [("b", "/", "q", "ch", "t", [1], {})]
         got: list[Any] = []
         q = FakeQuorumQueue(node, "q", "a")
-        q.remote_deliveries = lambda *a: got.append(a)  # type: ignore[method-assign]
+        q.delivered = got
         node.registry.queues[("/", "q")] = q
         node.forwarding.remote_deliveries("/", "q", "ch", "t", [1], {})
         assert got == [("ch", "t", [1], {})]

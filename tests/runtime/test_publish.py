@@ -20,6 +20,7 @@ from broker import queue as qm
 from broker.queue.types import ChannelRef, Meta
 from broker.runtime.errors import QueueGone
 from broker.runtime.publish import PublisherSession
+from broker.runtime.queues import QueueProcess
 from broker.runtime.raft_group import ProposalReplaced, ProposalUnknown
 
 
@@ -225,7 +226,7 @@ async def test_random_schedule_never_confirms_a_message_that_is_not_enqueued(rig
         assert machine.bodies == [b"m%d" % i for i in range(n)], f"seed {seed}"
 
 
-class _FakeQueue:
+class _FakeQueue(QueueProcess):
     """A queue process whose submissions fail `fail` times (replaced by a new
     leader, refused) before one is applied."""
 
