@@ -5,3 +5,9 @@ Layering (see docs/ARCHITECTURE.md): pure cores (`raft`, `queue`, `metadata`,
 the only package touching files; `runtime` and `mgmt` are the I/O shell.
 Nothing imports `runtime`.
 """
+
+# Before any other broker module: the compiled (mypyc) or the pure Python path
+# for this process (broker/compiled.py).
+from broker import compiled as _compiled
+
+_compiled.activate()

@@ -27,6 +27,7 @@ import signal
 import sys
 from pathlib import Path
 
+import broker.compiled as compiled
 from broker.common.config import Config, ConfigError, load_config
 from broker.mgmt import ManagementServers, start_servers
 
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # pragma: no cover
         pass
     tune_gc()
+    # compiled (mypyc) or pure Python: broker/compiled.py
+    logging.getLogger("broker").info("modules: %s", compiled.describe())
     return asyncio.run(serve(config))
 
 

@@ -108,6 +108,11 @@ def test_broker_container_serves_amqp(images: dict[str, str], tmp_path: Path) ->
             assert state == "running", f"container {state}:\n{logs}"
             assert time.monotonic() < deadline, logs
             time.sleep(0.2)
+        # the image carries the host's mypyc build of the hot modules (the
+        # wheel of scripts/build-images), and it runs: same Python 3.11
+        # (the log goes to the container's stderr)
+        err = subprocess.run([*PODMAN, "logs", name], capture_output=True, text=True).stderr
+        assert "modules: compiled (mypyc" in err, err
         smoke = subprocess.run(
             [sys.executable, str(CHART / "files" / "smoke_test.py")], capture_output=True,
             text=True, timeout=60, env={**os.environ, "QQ_HOST": host, "QQ_PORT": str(amqp),

@@ -5,9 +5,9 @@ to the deepest frame of our own code on its stack (so time in msgpack, struct,
 os.write or the event loop counts for the broker step that called it) and
 that frame's file to one step of the message path.
 
-    .venv/bin/python bench/profile.py                       # 1 KiB, 1 pair, 20 s
-    .venv/bin/python bench/profile.py --size 16 --pairs 10 --nodes 1
-    .venv/bin/python bench/profile.py --json bench-results/profile.json --top 15
+    .venv/bin/python bench/node_profile.py                       # 1 KiB, 1 pair, 20 s
+    .venv/bin/python bench/node_profile.py --size 16 --pairs 10 --nodes 1
+    .venv/bin/python bench/node_profile.py --json bench-results/profile.json --top 15
 
 Prints, per node (node 1 leads the queue and holds the client connections):
 CPU microseconds per consumed message in each step, and the hottest
@@ -55,6 +55,44 @@ STEPS: list[tuple[str, str]] = [
     (r"broker/", "other broker code"),
 ]
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*)\)$")
+# A compiled module's function as a native frame: mypyc names it
+# CPyDef_<the module's shortest unique name suffix, dots as ___>___<name>
+# (CPyPy_ for its Python-callable wrapper).
+_MYPYC = re.compile(r"^CPy(?:Def|Py)_(?P<sym>\w+)")
+
+
+def _mypyc_modules() -> list[tuple[str, str]]:
+    """(symbol prefix, source path) of every compiled module, longest first."""
+    from broker.compiled import COMPILED
+
+    out = []
+    for m in COMPILED:
+        parts = m.split(".")
+        for k in range(1, len(parts) + 1):
+            suffix = parts[-k:]
+            if sum(1 for o in COMPILED if o.split(".")[-k:] == suffix) == 1:
+                out.append(("___".join(suffix) + "___", "/".join(parts) + ".py"))
+                break
+    return sorted(out, key=lambda x: -len(x[0]))
+
+
+_MYPYC_MODULES = _mypyc_modules()
+
+
+def _owner(frame: str) -> tuple[str, str] | None:
+    """(broker source path, function) of a Python frame of ours or of a
+    native frame of a compiled module of ours; None for anything else."""
+    m = _FRAME.match(frame)
+    if m and "broker/" in m["file"]:
+        f = m["file"]
+        return f[f.index("broker/"):], m["func"]
+    n = _MYPYC.match(m["func"] if m else frame)
+    if n:
+        sym = n["sym"]
+        for prefix, path in _MYPYC_MODULES:
+            if sym.startswith(prefix):
+                return path, sym[len(prefix):].replace("___", ".")
+    return None
 
 
 def step_of(file: str, func: str) -> str:
@@ -79,10 +117,8 @@ def attribute(raw: str) -> tuple[collections.Counter[str], collections.Counter[s
         frames = stack.split(";")
         owner = None
         for fr in reversed(frames):
-            m = _FRAME.match(fr)
-            if m and "broker/" in m["file"]:
-                f = m["file"]
-                owner = (f[f.index("broker/"):], m["func"])
+            owner = _owner(fr)
+            if owner is not None:
                 break
         if owner is None:
             leaf = frames[-1]
@@ -116,7 +152,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--lines", action="store_true", help="hottest lines instead of functions")
-    ap.add_argument("--native", action="store_true", help="C frames too (pauses each node per sample)")
+    ap.add_argument("--native", action="store_true",
+                    help="C frames too (pauses each node per sample); needed to see into the "
+                         "compiled modules (make native), whose functions have no Python frames")
     ap.add_argument("--keep", type=Path, help="copy the raw py-spy stacks into this directory")
     args = ap.parse_args()
     wl = Workload("profile", args.size, args.queues, args.pairs, duration=args.seconds)
@@ -168,5 +206,5 @@ def main() -> int:
 
 if __name__ == "__main__":
     if os.geteuid() != 0:
-        print("bench/profile.py: py-spy needs root (ptrace) to attach to the broker", file=sys.stderr)
+        print("bench/node_profile.py: py-spy needs root (ptrace) to attach to the broker", file=sys.stderr)
     sys.exit(main())
