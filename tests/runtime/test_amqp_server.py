@@ -1,0 +1,114 @@
+"""The AMQP server shell's fairness (runtime/amqp_server.py): one connection
+handles at most `DRAIN_BUDGET` channel events of what it read in one pass
+of the event loop, holds its socket ("drain") and handles the rest on the
+next pass, after whatever else is ready, so one client's burst of publishes
+cannot hold back the acks that renew another client's credit.
+
+In process, over a fake transport and a node of the real metadata state
+(publishes to a queue that does not exist: routed nowhere, counted).
+"""
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from pamqp import commands as C
+from pamqp import frame as pframe
+
+import broker.metadata as md
+from broker.amqp import ServerConfig
+from broker.runtime.amqp_server import DRAIN_BUDGET, AmqpConnection
+from tests.amqp.helpers import publish
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = b""
+        self.reading = True
+        self.pauses = 0
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 40000) if name in ("peername", "sockname") else default
+
+    def write(self, data: Any) -> None:
+        self.data += bytes(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.reading = False
+        self.pauses += 1
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+def _node() -> Any:
+    state = md.initial_state(md.hash_password("guest", b"salt"))
+    allowed = SimpleNamespace(node_refused=lambda: None, connection_refused=lambda user, vhost: None,
+                              channel_refused=lambda user: None)
+    return SimpleNamespace(
+        amqp_config=ServerConfig(), connections=set(), meta=SimpleNamespace(state=state),
+        config={"loopback_users": ("guest",)}, limits=allowed, alarm_resources=frozenset(),
+        declarations=SimpleNamespace(connection_closed=lambda cid: None), incarnation="test",
+        node_name="rabbit@test", registry=SimpleNamespace(queue=lambda vhost, name: None),
+        queues={})
+
+
+async def _opened() -> tuple[AmqpConnection, _Transport]:
+    conn = AmqpConnection(_node())
+    transport = _Transport()
+    conn.connection_made(transport)
+    conn.data_received(b"AMQP\x00\x00\x09\x01")
+    conn.data_received(pframe.marshal(C.Connection.StartOk(
+        client_properties={}, mechanism="PLAIN", response="\0guest\0guest"), 0))
+    conn.data_received(pframe.marshal(C.Connection.TuneOk(channel_max=10, frame_max=131072,
+                                                          heartbeat=0), 0)
+                       + pframe.marshal(C.Connection.Open(virtual_host="/"), 0)
+                       + pframe.marshal(C.Channel.Open(), 1))
+    assert 1 in conn.channels, transport.data
+    return conn, transport
+
+
+async def test_a_burst_is_handled_a_budget_per_pass_in_order() -> None:
+    conn, transport = await _opened()
+    ch = conn.channels[1]
+    n = DRAIN_BUDGET * 2 + 10
+    try:
+        conn.data_received(b"".join(publish(b"m%d" % i, routing_key="nowhere") for i in range(n)))
+        # one budget handled, the rest waits with the socket held
+        assert ch.stats.publish == DRAIN_BUDGET
+        assert conn.holds == {"drain"} and not transport.reading
+        await asyncio.sleep(0)  # the next pass
+        assert ch.stats.publish == 2 * DRAIN_BUDGET and conn.holds == {"drain"}
+        await asyncio.sleep(0)
+        assert ch.stats.publish == n
+        assert not conn.holds and transport.reading and transport.pauses == 2
+    finally:
+        conn.connection_lost(None)
+
+
+async def test_a_burst_within_the_budget_holds_nothing() -> None:
+    conn, transport = await _opened()
+    try:
+        conn.data_received(b"".join(publish(b"m", routing_key="nowhere") for _ in range(DRAIN_BUDGET - 1)))
+        assert conn.channels[1].stats.publish == DRAIN_BUDGET - 1
+        assert not conn.holds and transport.pauses == 0
+    finally:
+        conn.connection_lost(None)
+
+
+async def test_a_connection_lost_with_a_pass_pending_handles_nothing_more() -> None:
+    conn, transport = await _opened()
+    ch = conn.channels[1]
+    conn.data_received(b"".join(publish(b"m", routing_key="nowhere") for _ in range(DRAIN_BUDGET + 5)))
+    assert ch.stats.publish == DRAIN_BUDGET
+    conn.connection_lost(None)
+    await asyncio.sleep(0)
+    assert ch.stats.publish == DRAIN_BUDGET
