@@ -197,11 +197,13 @@ def consume(host: str, port: int, queues: list[str], prefetch: int, ack_every: i
 
 
 def _publisher(out: Any, *args: Any, **kw: Any) -> None:
-    out.put(("pub", *publish(*args, **kw)))
+    res = publish(*args, **kw)
+    out.put(("pub", *res, time.process_time()))  # + this client's CPU seconds
 
 
 def _consumer(out: Any, *args: Any, **kw: Any) -> None:
-    out.put(("con", *consume(*args, **kw)))
+    res = consume(*args, **kw)
+    out.put(("con", *res, time.process_time()))
 
 
 class RssSampler:
@@ -301,6 +303,9 @@ def run(wl: Workload, host: str, ports: list[int], pids: list[int],
     first = min(r[2] for r in con_results if r[2]) if got else 0
     last = max(r[3] for r in con_results) if got else 0
     lat = sorted(x for r in con_results for x in r[4])
+    # the clients' CPU, in cores over the run (they share the machine with the brokers)
+    res["publishers_cpu"] = sum(r[5] for r in pub_results) / max(p_end - p_start, 1e-9)
+    res["consumers_cpu"] = sum(r[5] for r in con_results) / max((last - first) / 1e9, 1e-9)
     res.update(
         rate=got / ((last - first) / 1e9) if last > first else float("nan"),
         confirmed=confirmed, nacked=nacked, consumed=got,
