@@ -488,8 +488,13 @@ class ServerConnection:
             raise AMQPConnectionError(
                 ReplyCode.COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", 10, 11
             )
-        response = method.response
-        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
+        # A longstr: str when it is UTF-8, else bytes (pamqp's convention, which
+        # the codec follows, though pamqp annotates it str): read untyped, so
+        # that compiled code does not refuse the bytes (an AMQPLAIN response
+        # is a table whose length prefix often is not UTF-8)
+        response: object = getattr(method, "response", b"")
+        raw = response.encode("utf-8") if isinstance(response, str) else \
+            bytes(response) if isinstance(response, (bytes, bytearray)) else b""
         username, password = _parse_credentials(mechanism, raw)
         props = method.client_properties or {}
         self.client_properties = dict(props)

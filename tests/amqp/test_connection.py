@@ -52,6 +52,7 @@ from .helpers import (
     one,
     parse_frames,
     publish,
+    raw_frame,
 )
 from .test_codec import ALL_TYPES_TABLE, raw_props_with_headers
 
@@ -102,6 +103,24 @@ def test_amqplain_credentials_are_parsed() -> None:
     table = b"\x05LOGINS\x00\x00\x00\x03bob\x08PASSWORDS\x00\x00\x00\x02pw"
     [ev] = c.send(method(C.Connection.StartOk(client_properties={}, mechanism="AMQPLAIN", response=table.decode())))
     assert (ev.username, ev.password) == ("bob", "pw")
+
+
+def test_amqplain_response_that_is_not_utf8_is_parsed() -> None:
+    """A password of 200 bytes: the table's length prefix 00 00 00 c8 is not
+    UTF-8, so the response arrives as bytes, not str (the compiled build
+    once refused it with a TypeError that dropped the connection)."""
+    c = Client()
+    c.send(HEADER)
+    password = "p" * 200
+    table = (b"\x05LOGINS\x00\x00\x00\x03bob\x08PASSWORDS" + len(password).to_bytes(4, "big")
+             + password.encode())
+    # connection.start-ok (10, 11): no client properties, mechanism, response, locale
+    # (by hand: pamqp only marshals a str response)
+    payload = (struct.pack(">HHI", 10, 11, 0) + b"\x08AMQPLAIN" + struct.pack(">I", len(table)) + table
+               + b"\x05en_US")
+    [ev] = c.send(raw_frame(1, 0, payload))
+    assert isinstance(ev.response, bytes)
+    assert (ev.username, ev.password) == ("bob", password)
 
 
 @pytest.mark.parametrize("response", ["nonul", "\x00only-user", "a\x00b\x00c\x00d"])
