@@ -87,6 +87,11 @@ def qq_args(args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+#: a classic queue's arguments checked at declaration as a quorum queue's
+#: are (RabbitMQ 3.10 answers the same 406 texts for both)
+_CLASSIC_CHECKED = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
+
+
 class Declarations:
     def __init__(self, host: DeclarationsHost) -> None:
         self.host = host
@@ -114,9 +119,14 @@ class Declarations:
                 # classic when quorum is the default, as in RabbitMQ 3.12+/4.x
                 qtype = "classic"
             arguments = {**arguments, "x-queue-type": qtype} if qtype == "quorum" else arguments
-        if qtype == "quorum" and not passive and existing is None:
+        if not passive and existing is None:
+            # a quorum queue's arguments all; a classic queue's dead-letter
+            # target (RabbitMQ checks their types for every queue type: an
+            # int exchange name is refused with 406, not kept)
+            checked = qq_args(arguments) if qtype == "quorum" else \
+                {k: v for k, v in arguments.items() if k in _CLASSIC_CHECKED}
             try:
-                qm.parse_queue_arguments(qq_args(arguments), name, vhost)
+                qm.parse_queue_arguments(checked, name, vhost)
             except qm.QueueArgumentError as exc:
                 return md.MetadataError(exc.reply_code, reply_detail(exc.reply_text))
         members, leader = place(

@@ -158,9 +158,11 @@ class Registry:
             return
         try:
             config = self.config_for(record)
-        except qm.QueueArgumentError as exc:
+        except Exception as exc:  # noqa: BLE001 - QueueArgumentError, or a bug: never the metadata group's
             # Reported like a member that cannot start; a proxy keeps the
             # queue reachable from this node (its leader may run elsewhere).
+            # This runs inside the metadata group's apply and at start-up:
+            # an error escaping would stop that group, or the node's start.
             log.error("queue %s/%s: invalid configuration: %s", record.vhost, record.name, exc)
             self.failed_members[key] = f"{type(exc).__name__}: {exc}"
             self.queues[key] = self._proxy(record)
@@ -392,7 +394,7 @@ class Registry:
             return
         try:
             config = self.config_for(record)
-        except qm.QueueArgumentError as exc:
+        except Exception as exc:  # noqa: BLE001 - QueueArgumentError, or a bug: never the metadata group's
             log.error("queue %s/%s: policy not applied: %s", vhost, name, exc)
             return
         # through the same re-send-until-applied path as settles: a policy
@@ -480,6 +482,14 @@ def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfi
         v = args.get(key)
         return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
+    def text(key: str) -> str | None:
+        # declarations refuse other types; a record from before that check
+        # (or a longstr that is not UTF-8) must not stop the queue's start
+        v = args.get(key)
+        if isinstance(v, (bytes, bytearray)):
+            return bytes(v).decode("utf-8", "replace")
+        return v if isinstance(v, str) else None
+
     overflow = args.get("x-overflow", "drop-head")
     if overflow not in ("drop-head", "reject-publish"):
         overflow = "drop-head"
@@ -487,8 +497,8 @@ def classic_config(name: str, vhost: str, args: dict[str, Any]) -> qm.QueueConfi
         name=name, vhost=vhost, max_length=num("x-max-length"),
         max_length_bytes=num("x-max-length-bytes"), overflow=overflow,
         message_ttl_ms=num("x-message-ttl"), expires_ms=num("x-expires"),
-        dead_letter_exchange=args.get("x-dead-letter-exchange"),
-        dead_letter_routing_key=args.get("x-dead-letter-routing-key"),
+        dead_letter_exchange=text("x-dead-letter-exchange"),
+        dead_letter_routing_key=text("x-dead-letter-routing-key"),
         delivery_limit=None, requeue_in_place=True,
         single_active_consumer=bool(args.get("x-single-active-consumer", False)),
     )

@@ -86,6 +86,28 @@ def test_invalid_quorum_arguments_are_a_406_reply_before_any_command() -> None:
     assert host.executed == []  # refused here: nothing reached the metadata
 
 
+def test_a_classic_queues_dead_letter_target_of_the_wrong_type_is_a_406() -> None:
+    """RabbitMQ 3.10's replies (checked against it): the types of a classic
+    queue's x-dead-letter-exchange and -routing-key are checked as a quorum
+    queue's are. Kept, an int exchange name stopped the declaring node's
+    metadata group on the compiled build (the queue's configuration is typed)."""
+    host = FakeHost()
+    d = Declarations(host)
+    cases = [({"x-dead-letter-exchange": 5}, "invalid type 'signedint' for arg "
+              "'x-dead-letter-exchange' in queue 'cq' in vhost '/'"),
+             ({"x-dead-letter-exchange": "ok", "x-dead-letter-routing-key": 7},
+              "invalid arg 'x-dead-letter-routing-key' for queue 'cq' in vhost '/': "
+              "{unacceptable_type,signedint}")]
+    for args, text in cases:
+        reply = declare(d, "cq", arguments=args)
+        assert isinstance(reply, md.MetadataError)
+        assert (reply.code, reply.text) == (406, text)
+    assert not host.executed and ("/", "cq") not in host.state.queues
+    ok = declare(d, "cq", arguments={"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "rk"})
+    assert not isinstance(ok, md.MetadataError), ok
+    assert host.state.queues[("/", "cq")].type == "classic"
+
+
 def test_a_redeclaration_with_other_arguments_is_refused_by_the_metadata() -> None:
     host = FakeHost()
     d = Declarations(host)

@@ -19,7 +19,7 @@ from broker.raft import RaftConfig
 from broker.runtime.classic import DurableClassicQueue
 from broker.runtime.classic import group_id as classic_group_id
 from broker.runtime.queues import ClassicQueue, QuorumQueue, RemoteQueue
-from broker.runtime.registry import Registry
+from broker.runtime.registry import Registry, classic_config
 from tests.storage.helpers import manager
 
 ME = md.NodeName("a")
@@ -388,3 +388,14 @@ def test_a_member_whose_log_breaks_a_raft_invariant_at_start_is_reported_not_los
         assert isinstance(reg.queue("/", "qq"), RemoteQueue)
         assert reg.failed_members[("/", "qq")].startswith("InvariantViolation")
     run(body, storage)
+
+
+def test_a_classic_queues_odd_dead_letter_arguments_give_a_configuration() -> None:
+    """Declarations refuse these now; a record from before that check must
+    still give a configuration (strings only: the compiled QueueConfig
+    refuses anything else with a TypeError, which stopped the metadata
+    group applying the declaration)."""
+    cfg = classic_config("q", "/", {"x-dead-letter-exchange": b"\xffdlx", "x-dead-letter-routing-key": 7})
+    assert (cfg.dead_letter_exchange, cfg.dead_letter_routing_key) == ("\ufffddlx", None)
+    cfg = classic_config("q", "/", {"x-dead-letter-exchange": 5, "x-dead-letter-routing-key": "rk"})
+    assert (cfg.dead_letter_exchange, cfg.dead_letter_routing_key) == (None, "rk")
