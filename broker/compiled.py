@@ -11,14 +11,22 @@ the same code, and the broker runs the same without any.
 `activate()` (called by `broker/__init__.py` before any other broker module
 is imported) decides which path this process takes:
   - compiled, when the build's manifest (`_build.json`, written by the build)
-    names exactly this module list and these sources (a digest of both), and
-    every extension is present;
+    holds the digest of this module list, every broker source (compiled code
+    checks at run time the types of what it imports from interpreted
+    modules, and inlines their constants) and the versions of the typed
+    dependencies (pamqp), every extension is present and no other is, and
+    the shared library loads (it is loaded there and then). A finder placed
+    first on `sys.meta_path` then loads each listed module from its
+    extension or not at all;
   - pure Python otherwise: nothing was built, a source changed since the
     build (a stale extension is never run), or `QQ_PURE_PYTHON=1` asks for
-    it. A finder placed first on `sys.meta_path` then loads each listed
-    module from its `.py` file, so the extensions beside them are ignored.
+    it. The finder placed first then loads every broker module from its
+    `.py` file, so extensions beside them are ignored.
 The choice is all or nothing: compiled modules call each other directly
 inside one shared library, so a mixture would hold two copies of a module.
+The build (scripts/build_native.py) removes the manifest before it changes
+any extension, replaces files (a running process keeps what it mapped)
+and writes the manifest last.
 
 This module is never compiled itself and imports nothing from the broker.
 """
@@ -27,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -83,9 +92,13 @@ COMPILED: tuple[str, ...] = (
 GROUP = "broker._mypyc"
 MANIFEST = "_build.json"
 PURE_ENV = "QQ_PURE_PYTHON"
+#: installed distributions whose annotations compiled code checks at run
+#: time (pamqp's method fields): part of what a build is of
+TYPED_DEPENDENCIES = ("pamqp",)
 
 _ROOT = Path(__file__).resolve().parent.parent
 _EXT = importlib.machinery.EXTENSION_SUFFIXES[0]
+_ALL_EXT = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 
 #: "compiled" or "pure", and why (set by activate(); shown at start-up)
 mode = "pure"
@@ -100,18 +113,41 @@ def extension_path(module: str) -> Path:
     return _ROOT.joinpath(*module.split(".")).with_suffix(_EXT)
 
 
+def _dependency_versions() -> list[str]:
+    out = []
+    for name in TYPED_DEPENDENCIES:
+        try:
+            out.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{name} missing")
+    return out
+
+
 def digest(modules: Sequence[str] = COMPILED) -> str:
-    """Digest of the module list and each module's source: what a build is of."""
+    """What a build is of: the module list, the source of every broker module
+    (compiled code also checks, at run time, the types of what it imports
+    from the interpreted ones, and inlines their Final constants) and the
+    versions of `TYPED_DEPENDENCIES`."""
     h = hashlib.sha256()
     for m in modules:
         h.update(m.encode() + b"\0")
-        h.update(source_path(m).read_bytes())
+    for dep in _dependency_versions():
+        h.update(dep.encode() + b"\0")
+    broker_dir = _ROOT / "broker"
+    for path in sorted(broker_dir.rglob("*.py")):
+        h.update(str(path.relative_to(_ROOT)).encode() + b"\0")
+        h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
 
 
 def manifest_path() -> Path:
     return _ROOT / "broker" / MANIFEST
+
+
+def extensions() -> list[Path]:
+    """Every extension module file under broker/, whatever its suffix."""
+    return sorted(p for p in (_ROOT / "broker").rglob("*.so") if p.name.endswith(_ALL_EXT))
 
 
 def build_is_current() -> tuple[bool, str]:
@@ -129,8 +165,8 @@ def build_is_current() -> tuple[bool, str]:
     missing = sorted(m for m in expected if not extension_path(m).exists())
     if missing:
         return False, f"extension missing: {missing[0]}"
-    extra = sorted(str(p.relative_to(_ROOT)) for p in (_ROOT / "broker").rglob(f"*{_EXT}")
-                   if _module_of(p) not in expected)
+    extra = [str(p.relative_to(_ROOT)) for p in extensions()
+             if not p.name.endswith(_EXT) or _module_of(p) not in expected]
     if extra:
         return False, f"unexpected extension {extra[0]} (make native)"
     return True, ""
@@ -142,40 +178,61 @@ def _module_of(extension: Path) -> str:
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):
-    """The pure path: a broker module with an extension beside its .py file
-    (listed or left over from another build) is loaded from the .py file."""
-
-    def __init__(self, modules: Sequence[str]) -> None:
-        self.modules = frozenset(modules)
+    """The pure path: every broker module with a .py file is loaded from it
+    (never from an extension beside it, listed or left over from any build)."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith("broker."):
             return None
         source = source_path(fullname)
-        if fullname not in self.modules and not extension_path(fullname).exists():
-            return None
         if not source.exists():
-            return None
+            return None  # a package (its __init__.py), or not ours
         return importlib.util.spec_from_file_location(fullname, source)
+
+
+class _ExtensionFinder(importlib.abc.MetaPathFinder):
+    """The compiled path: a listed module is loaded from its extension, or
+    not at all (its .py never stands in: that would be a mixture)."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = frozenset(modules)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        ext = extension_path(fullname)
+        if not ext.exists():
+            raise ImportError(f"{fullname}: the compiled build this process started with is gone "
+                              f"({ext.name}); restart it", name=fullname)
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(ext))
+        return importlib.util.spec_from_file_location(fullname, ext, loader=loader)
 
 
 def activate() -> None:
     """Choose the compiled or the pure path for this process (see the module
     docstring). Idempotent; must run before any listed module is imported."""
     global mode, reason
-    if any(isinstance(f, _SourceFinder) for f in sys.meta_path):
-        return
-    if mode == "compiled":
+    if any(isinstance(f, (_SourceFinder, _ExtensionFinder)) for f in sys.meta_path):
         return
     ok, why = build_is_current()
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         ok, why = False, f"{PURE_ENV} is set"
     if ok:
+        try:
+            # The shared library holds every compiled module's code: loaded
+            # now, a rebuild later (which replaces files, never rewrites
+            # them) cannot change what this process runs.
+            importlib.import_module(GROUP + "__mypyc")
+        except ImportError as exc:
+            ok, why = False, f"the build does not load: {exc}"
+    if ok:
         mode, reason = "compiled", f"mypyc, {len(COMPILED)} modules"
+        sys.meta_path.insert(0, _ExtensionFinder(COMPILED))
         return
     mode, reason = "pure", why
-    sys.meta_path.insert(0, _SourceFinder(COMPILED))
+    sys.meta_path.insert(0, _SourceFinder())
 
 
 def describe() -> str:

@@ -45,14 +45,23 @@ def _compiled_module() -> Any:
 
 
 def clean(compiled: Any) -> int:
-    """Remove every extension and the manifest under broker/."""
-    ext = compiled._EXT
+    """Remove the manifest (first: from then on no process takes the
+    compiled path), then every extension under broker/."""
+    compiled.manifest_path().unlink(missing_ok=True)
     n = 0
-    for p in (ROOT / "broker").rglob(f"*{ext}"):
+    for p in compiled.extensions():
         p.unlink()
         n += 1
-    compiled.manifest_path().unlink(missing_ok=True)
     return n
+
+
+def _replace(src: Path, dest: Path) -> None:
+    """Copy to a temporary name beside `dest`, then rename over it: a
+    process that mapped the old file keeps it whole (rewriting it in place
+    could crash that process)."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
 
 
 def build(compiled: Any, jobs: int) -> None:
@@ -98,16 +107,23 @@ def build(compiled: Any, jobs: int) -> None:
                                "--build-temp", str(Path(tmp) / "obj")])
         finally:
             os.chdir(cwd)
-        clean(compiled)
+        compiled.manifest_path().unlink(missing_ok=True)  # before any extension changes
+        built = {ROOT / so.relative_to(out) for so in out.rglob(f"*{compiled._EXT}")}
         for so in out.rglob(f"*{compiled._EXT}"):
-            dest = ROOT / so.relative_to(out)
-            shutil.copy2(so, dest)
+            _replace(so, ROOT / so.relative_to(out))
+        for old in compiled.extensions():
+            if old not in built:
+                old.unlink()
     import mypy.version
 
-    compiled.manifest_path().write_text(json.dumps({
-        "digest": digest, "modules": list(compiled.COMPILED), "mypy": mypy.version.__version__,
+    manifest = compiled.manifest_path()
+    tmp = manifest.with_name(f".{manifest.name}.tmp")
+    tmp.write_text(json.dumps({
+        "digest": digest, "modules": list(compiled.COMPILED),
+        "dependencies": compiled._dependency_versions(), "mypy": mypy.version.__version__,
         "python": sys.version.split()[0], "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }, indent=1) + "\n")
+    os.replace(tmp, manifest)  # last: the build is usable from here on
 
 
 def main() -> int:

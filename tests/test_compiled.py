@@ -91,12 +91,19 @@ def test_a_build_of_the_current_sources_is_used(tmp_path: Path) -> None:
 
 
 def test_an_edited_source_makes_the_build_stale(tmp_path: Path) -> None:
+    """A compiled module's source, and an interpreted one's too: compiled
+    code checks the types of what it imports from the interpreted modules."""
     tree = _source_tree(tmp_path)
-    _fake_build(tree, _digest_of(tree))
-    machine = tree / "broker" / "queue" / "machine.py"
-    machine.write_text(machine.read_text() + "\n# edited\n")
-    ok, why = _decide(tree)
-    assert not ok and "sources changed" in why
+    digest = _digest_of(tree)
+    for edited in ("queue/machine.py", "storage/group.py"):
+        _fake_build(tree, digest)
+        path = tree / "broker" / edited
+        before = path.read_text()
+        path.write_text(before + "\n# edited\n")
+        ok, why = _decide(tree)
+        assert not ok and "sources changed" in why, edited
+        path.write_text(before)
+    assert _decide(tree) == (True, "")
 
 
 def test_a_missing_or_an_unlisted_extension_makes_the_build_unusable(tmp_path: Path) -> None:
@@ -107,9 +114,24 @@ def test_a_missing_or_an_unlisted_extension_makes_the_build_unusable(tmp_path: P
     ok, why = _decide(tree)
     assert not ok and "unexpected extension broker/runtime/node" in why
     extra.unlink()
+    other = tree / "broker" / "storage" / "wal.abi3.so"  # another suffix the interpreter loads
+    other.write_bytes(b"left over")
+    ok, why = _decide(tree)
+    assert not ok and why == "unexpected extension broker/storage/wal.abi3.so (make native)"
+    other.unlink()
     tree.joinpath("broker", "raft", f"node{EXT}").unlink()
     ok, why = _decide(tree)
     assert not ok and why == "extension missing: broker.raft.node"
+
+
+def test_a_build_that_does_not_load_gives_the_pure_path(tmp_path: Path) -> None:
+    """The manifest matches but the shared library is not one (here: garbage):
+    the process says so and runs the sources."""
+    tree = _source_tree(tmp_path)
+    _fake_build(tree, _digest_of(tree))
+    got = _probe(tree)
+    assert got["mode"] == "pure" and str(got["reason"]).startswith("the build does not load")
+    assert all(str(f).endswith(".py") for f in got["files"].values())  # type: ignore[attr-defined]
 
 
 def test_without_a_build_every_module_loads_from_its_source(tmp_path: Path) -> None:
