@@ -158,6 +158,10 @@ class AmqpConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if "drain" in self.holds:
+            # what was read before the loss is handled, as it would have been
+            # without the budget (acks settle, publishes are enqueued)
+            self._drain(unlimited=True)
         self._teardown()
 
     def pause_writing(self) -> None:
@@ -172,10 +176,10 @@ class AmqpConnection(asyncio.Protocol):
             self.flush()
 
     # ------------------------------------------------------------ events
-    def _drain(self) -> None:
+    def _drain(self, unlimited: bool = False) -> None:
         amqp = self.amqp
         channels = self.channels
-        budget = DRAIN_BUDGET
+        budget = -1 if unlimited else DRAIN_BUDGET  # counting down from -1 never reaches 0
         while True:
             event = amqp.next_event()
             if event is ev.NEED_DATA or event is ev.CLOSED or event is ev.PAUSED:

@@ -19,7 +19,7 @@ from pamqp import frame as pframe
 import broker.metadata as md
 from broker.amqp import ServerConfig
 from broker.runtime.amqp_server import DRAIN_BUDGET, AmqpConnection
-from tests.amqp.helpers import publish
+from tests.amqp.helpers import parse_frames, publish
 
 
 class _Transport(asyncio.Transport):
@@ -34,6 +34,10 @@ class _Transport(asyncio.Transport):
 
     def write(self, data: Any) -> None:
         self.data += bytes(data)
+
+    def writelines(self, parts: Any) -> None:
+        for p in parts:
+            self.write(p)
 
     def is_closing(self) -> bool:
         return False
@@ -76,19 +80,35 @@ async def _opened() -> tuple[AmqpConnection, _Transport]:
     return conn, transport
 
 
+def _returned(transport: _Transport) -> list[str]:
+    """The routing keys of the basic.returns written so far, in order."""
+    keys = []
+    for _ch, m in parse_frames(transport.data):
+        if isinstance(m, C.Basic.Return):
+            keys.append(m.routing_key)
+    return keys
+
+
+def _burst(n: int) -> bytes:
+    """n mandatory publishes routed nowhere: each comes back as a
+    basic.return naming its routing key, so the order is visible."""
+    return b"".join(publish(b"m", routing_key=f"nowhere-{i}", mandatory=True) for i in range(n))
+
+
 async def test_a_burst_is_handled_a_budget_per_pass_in_order() -> None:
     conn, transport = await _opened()
     ch = conn.channels[1]
     n = DRAIN_BUDGET * 2 + 10
+    want = [f"nowhere-{i}" for i in range(n)]
     try:
-        conn.data_received(b"".join(publish(b"m%d" % i, routing_key="nowhere") for i in range(n)))
+        conn.data_received(_burst(n))
         # one budget handled, the rest waits with the socket held
-        assert ch.stats.publish == DRAIN_BUDGET
+        assert ch.stats.publish == DRAIN_BUDGET and _returned(transport) == want[:DRAIN_BUDGET]
         assert conn.holds == {"drain"} and not transport.reading
         await asyncio.sleep(0)  # the next pass
         assert ch.stats.publish == 2 * DRAIN_BUDGET and conn.holds == {"drain"}
         await asyncio.sleep(0)
-        assert ch.stats.publish == n
+        assert ch.stats.publish == n and _returned(transport) == want
         assert not conn.holds and transport.reading and transport.pauses == 2
     finally:
         conn.connection_lost(None)
@@ -104,11 +124,14 @@ async def test_a_burst_within_the_budget_holds_nothing() -> None:
         conn.connection_lost(None)
 
 
-async def test_a_connection_lost_with_a_pass_pending_handles_nothing_more() -> None:
+async def test_a_connection_lost_with_a_pass_pending_handles_what_it_read_first() -> None:
+    """As without the budget: what was read before the loss is handled (acks
+    settle, publishes are enqueued), then the connection goes."""
     conn, transport = await _opened()
     ch = conn.channels[1]
-    conn.data_received(b"".join(publish(b"m", routing_key="nowhere") for _ in range(DRAIN_BUDGET + 5)))
+    conn.data_received(_burst(DRAIN_BUDGET + 5))
     assert ch.stats.publish == DRAIN_BUDGET
     conn.connection_lost(None)
-    await asyncio.sleep(0)
-    assert ch.stats.publish == DRAIN_BUDGET
+    assert ch.stats.publish == DRAIN_BUDGET + 5 and conn.closed and ch.closed
+    await asyncio.sleep(0)  # the pass that was pending does nothing more
+    assert ch.stats.publish == DRAIN_BUDGET + 5
