@@ -410,7 +410,12 @@ class ServerConnection:
             self._pos = end + 1
             if buf[end] != FRAME_END:
                 raise _frame_error(ftype, payload, f"{{invalid_frame_end_marker,{buf[end]}}}")
-            self._handler(self, ftype, channel, payload)
+            if self._state is _OPEN:
+                # the state of nearly every frame, called directly (compiled:
+                # a native call; through _handler, a Python-level one)
+                self._in_open(ftype, channel, payload)
+            else:
+                self._handler(self, ftype, channel, payload)
         except AMQPConnectionError as exc:
             if self._state is ConnectionState.CLOSING:
                 self._set_closed()  # garbage while waiting for close-ok: give up

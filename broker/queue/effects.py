@@ -61,10 +61,16 @@ class DeadLetterReason(StrEnum):
 Delivery = tuple[MsgId, int, int, bool]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Deliver:
     consumer: ConsumerId
     deliveries: tuple[Delivery, ...]
+
+    # written out: the generated __init__ runs interpreted in the compiled
+    # build (commands.Enqueue says more)
+    def __init__(self, consumer: ConsumerId, deliveries: tuple[Delivery, ...]) -> None:
+        object.__setattr__(self, "consumer", consumer)
+        object.__setattr__(self, "deliveries", deliveries)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,8 @@ import broker.metadata as md
 import broker.queue as qm
 from broker.amqp.connection import ServerConnection
 from broker.common.config import Config
+from broker.metadata.errors import MetadataError
+from broker.metadata.routing import route
 from broker.metadata.types import PermissionKind
 from broker.queue.config import amqp_type_name, consumer_timeout_ms
 from broker.queue.types import DEQUEUE_TAG, ChannelRef, ConsumerId, MsgId
@@ -788,8 +790,8 @@ class Channel:
             if decoded.user_id is not None and decoded.user_id != conn.user:
                 raise ChannelError(406, f"user_id property set to '{decoded.user_id}' but authenticated "
                                         f"user was '{conn.user}'", _PUBLISH)
-        routed = md.route(node.meta.state, md.VhostName(vhost), p.exchange, p.routing_key, headers)
-        if isinstance(routed, md.MetadataError):
+        routed = route(node.meta.state, md.VhostName(vhost), p.exchange, p.routing_key, headers)
+        if isinstance(routed, MetadataError):
             _raise_md(routed, _PUBLISH)
         self.stats.publish += 1
         self.totals.publish += 1

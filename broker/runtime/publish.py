@@ -34,8 +34,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import broker.queue as qm
 import broker.runtime.wire as wire
+from broker.queue.effects import EnqueueResult, OutOfOrder
 
 from .backoff import Backoff
 from .errors import QueueGone
@@ -136,11 +136,11 @@ class PublisherSession:
             return
         r = fut.result()
         # A final result is the truth whichever attempt it answers.
-        if r is qm.EnqueueResult.ACCEPTED or r is qm.EnqueueResult.DUPLICATE:
+        if r is EnqueueResult.ACCEPTED or r is EnqueueResult.DUPLICATE:
             self._resolve(seq, True)
-        elif r is qm.EnqueueResult.REJECTED:
+        elif r is EnqueueResult.REJECTED:
             self._resolve(seq, False)
-        elif isinstance(r, qm.OutOfOrder):
+        elif isinstance(r, OutOfOrder):
             first = next(iter(self.pending), None)
             if first is not None and r.expected < first:
                 # Numbers below `first` all had final outcomes here, yet the

@@ -33,6 +33,12 @@ import broker.queue as qm
 import broker.queue.effects as qe
 import broker.runtime.wire as wire
 import broker.storage as st
+
+# the per-message calls import from the defining (compiled) modules: native
+# calls, where `qm.x` is a lookup on the package and a Python-level call
+from broker.queue.commands import Settle
+from broker.queue.effects import Dequeued
+from broker.queue.machine import apply as machine_apply
 from broker.queue.machine import rec_key
 from broker.queue.snapshot import is_version_1
 from broker.queue.types import (
@@ -220,11 +226,11 @@ class QueueProcess:
         cmd, msg = wire.queue_command(payload)
         if msg is not None:
             self._remember((index << KEY_POS_BITS) | pos, msg)
-        self.state, reply, effects = qm.apply(Meta(index, term, ts, pos), cmd, self.state)
+        self.state, reply, effects = machine_apply(Meta(index, term, ts, pos), cmd, self.state)
         if effects:
             self._run_effects(effects)
-        if msg is None and type(cmd) is not qm.Settle:
-            if type(reply) is qm.Dequeued and self.is_leader:
+        if msg is None and type(cmd) is not Settle:
+            if type(reply) is Dequeued and self.is_leader:
                 self._hold_dequeued(reply.key)
             self._command_applied()
         return reply
@@ -493,6 +499,26 @@ class ClassicQueue(QueueProcess):
 
     def _read_message(self, key: int) -> Message:
         raise KeyError(f"classic queue {self.name}: message {key} is gone")
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class QueueTable:
+    """The node's queue processes by (vhost, name), and the lookups every
+    publish makes: here, compiled, so that they run as native code; the
+    registry (runtime/registry.py, interpreted) is one."""
+
+    def __init__(self) -> None:
+        #: the queue processes on this node, by (vhost, name)
+        self.queues: dict[tuple[str, str], QueueProcess] = {}
+
+    def queue(self, vhost: str, name: str) -> QueueProcess | None:
+        return self.queues.get((vhost, name))
+
+    def live_queue(self, uid: QueueUid) -> QueueProcess | None:
+        """The process of the queue with this identity on this node right now
+        (membership changes replace processes), or None once it is gone."""
+        q = self.queues.get((uid[0], uid[1]))
+        return q if q is not None and q.uid == uid and not q.deleted else None
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

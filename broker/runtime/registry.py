@@ -45,7 +45,7 @@ from .backoff import RestartGate
 from .classic import DurableClassicQueue
 from .classic import group_id as classic_group_id
 from .declarations import qq_args
-from .queues import ClassicQueue, Host, QueueProcess, QueueUid, QuorumQueue, RemoteQueue
+from .queues import ClassicQueue, Host, QueueProcess, QueueTable, QueueUid, QuorumQueue, RemoteQueue
 from .raft_group import SNAPSHOT_BYTES, RaftGroup
 
 log = logging.getLogger("broker.registry")
@@ -76,14 +76,17 @@ class RegistryHost(Host, Protocol):
                                on_applied: Any = None) -> None: ...
 
 
-class Registry:
+class Registry(QueueTable):
+    """The queue processes (`queues`, and the lookups every publish makes,
+    from the compiled `QueueTable`), Raft groups and durable classic logs of
+    this node, and the interpreter of metadata effects."""
+
     def __init__(self, host: RegistryHost, snapshot_interval: int,
                  snapshot_bytes: int = SNAPSHOT_BYTES) -> None:
+        super().__init__()
         self.host = host
         self.snapshot_interval = snapshot_interval
         self.snapshot_bytes = snapshot_bytes
-        #: the queue processes on this node, by (vhost, name)
-        self.queues: dict[tuple[str, str], QueueProcess] = {}
         #: every Raft group on this node (the metadata group included), by storage group id
         self.groups: dict[str, RaftGroup] = {}
         #: durable classic queues on this node, by storage group id (runtime/classic.py)
@@ -101,15 +104,6 @@ class Registry:
     # ------------------------------------------------------------ lookups
     def queue_record(self, vhost: str, name: str) -> md.QueueRecord | None:
         return self.host.meta_state.queues.get((md.VhostName(vhost), md.QueueName(name)))
-
-    def queue(self, vhost: str, name: str) -> QueueProcess | None:
-        return self.queues.get((vhost, name))
-
-    def live_queue(self, uid: QueueUid) -> QueueProcess | None:
-        """The process of the queue with this identity on this node right now
-        (membership changes replace processes), or None once it is gone."""
-        q = self.queues.get((uid[0], uid[1]))
-        return q if q is not None and q.uid == uid and not q.deleted else None
 
     def storage_group(self, group_id: str) -> RaftGroup | DurableClassicQueue | None:
         """Whom a storage callback (durable, error) for this group id is for."""

@@ -36,7 +36,8 @@ import broker.metadata.commands as mdc
 import broker.queue as qm
 from broker.common.packing import packb
 from broker.metadata.snapshot import decode_value, encode_value
-from broker.queue.types import ChannelRef, ConsumerId
+from broker.queue.commands import Enqueue, Settle
+from broker.queue.types import BATCH_MAX, ChannelRef, ConsumerId
 
 _EXT_DECIMAL = 1
 _EXT_DATETIME = 2
@@ -116,8 +117,8 @@ def enqueue_size(payload: list[Any]) -> int:
 def batch_payload(enqueues: list[list[Any]]) -> list[Any]:
     """One entry for several enqueue payloads, applied in this order at
     positions 0, 1, ... (`batch_items`)."""
-    if not 1 < len(enqueues) <= qm.BATCH_MAX:
-        raise ValueError(f"a batch holds 2 to {qm.BATCH_MAX} enqueues, not {len(enqueues)}")
+    if not 1 < len(enqueues) <= BATCH_MAX:
+        raise ValueError(f"a batch holds 2 to {BATCH_MAX} enqueues, not {len(enqueues)}")
     return [BATCH, enqueues]
 
 
@@ -125,7 +126,7 @@ def batch_items(payload: list[Any]) -> list[list[Any]] | None:
     """The enqueue payloads of a batch payload, or None for any other payload."""
     if payload and payload[0] == BATCH:
         items: list[list[Any]] = payload[1]
-        if not 1 < len(items) <= qm.BATCH_MAX or not all(is_enqueue(p) for p in items):
+        if not 1 < len(items) <= BATCH_MAX or not all(is_enqueue(p) for p in items):
             raise ValueError(f"bad batch payload of {len(items)} items")
         return items
     return None
@@ -147,7 +148,7 @@ def command_payload(cmd: qm.Command) -> list[Any]:
 def payload_for(cmd: qm.Command) -> list[Any]:
     """The payload of a machine command other than an enqueue: a settle in its
     compact plain form (the hot one), anything else encoded."""
-    if type(cmd) is qm.Settle:
+    if type(cmd) is Settle:
         return settle_payload(cmd.consumer, cmd.msg_ids)
     return command_payload(cmd)
 
@@ -176,9 +177,9 @@ def queue_command(payload: list[Any]) -> tuple[qm.Command, QueueMessage | None]:
     tag = payload[0]
     if tag == ENQUEUE:
         _, publisher, seq, size, priority, expiration, props, body, exchange, rk = payload
-        return qm.Enqueue(publisher, seq, size, priority, expiration), (props, body, exchange, rk)
+        return Enqueue(publisher, seq, size, priority, expiration), (props, body, exchange, rk)
     if tag == SETTLE:
-        return qm.Settle(ConsumerId(ChannelRef(payload[1]), payload[2]), tuple(payload[3])), None
+        return Settle(ConsumerId(ChannelRef(payload[1]), payload[2]), tuple(payload[3])), None
     if tag == COMMAND:
         return qm.decode_command(payload[1]), None
     raise ValueError(f"not a queue payload: {tag!r}")
