@@ -205,7 +205,21 @@ def machine() -> dict[str, str]:
         rmq = r.stdout.strip() or rmq
     return {"cpu": cpu, "cores": str(os.cpu_count()), "memory": f"{mem / 2**30:.0f} GiB",
             "kernel": platform.release(), "python": platform.python_version(),
-            "rabbitmq": rmq, "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+            "rabbitmq": rmq, "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "ours": ours_build()}
+
+
+def ours_build() -> str:
+    """How our brokers run here: compiled (make native) or pure Python, and why
+    (they inherit this process's environment, QQ_PURE_PYTHON included)."""
+    from broker import compiled
+
+    current, why = compiled.build_is_current()
+    if os.environ.get(compiled.PURE_ENV, "") not in ("", "0"):
+        current, why = False, f"{compiled.PURE_ENV} is set"
+    if current:
+        return f"compiled (mypyc, {len(compiled.COMPILED)} modules)"
+    return f"pure Python ({why})"
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -344,6 +358,8 @@ def write_doc(data: dict[str, Any], path: Path, notes: Path) -> None:
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['memory']}, Linux {m['kernel']}; "
         f"Python {m['python']}; RabbitMQ {m['rabbitmq']} (Debian). Measured {m['date']}.",
+        f"- Ours: {m.get('ours', 'pure Python (before the compiled build)')} "
+        "(broker/compiled.py; each node logs which path it took).",
         f"- Command: `bench/report.py {data['command']}`.",
         "- Each row: persistent messages, publisher confirms (1,000 in flight per publisher, "
         "fewer for big bodies: at most 64 MiB in flight), consumers with the same prefetch acking "
