@@ -147,6 +147,11 @@ class _Outbound:
     connected: bool = False
     generation: int = 0  # incremented at every successful (re)connection
     overflowed: bool = False  # a message was dropped from a live connection's queue
+    # Set by close()/remove_peer() besides cancelling the task: Python 3.11's
+    # asyncio.wait_for drops a cancellation that arrives as its inner awaitable
+    # finishes (it returns or raises the inner result instead), and a sender
+    # that lost its cancellation would reconnect forever and hang close().
+    stopped: bool = False
 
 
 def _encode(payload: object) -> bytes:
@@ -251,6 +256,7 @@ class PeerTransport:
         if self._server is not None:
             self._server.close()
         for out in self._peers.values():
+            out.stopped = True
             if out.task is not None:
                 out.task.cancel()
         tasks = [o.task for o in self._peers.values() if o.task]
@@ -272,8 +278,10 @@ class PeerTransport:
 
     def remove_peer(self, peer: str) -> None:
         out = self._peers.pop(peer, None)
-        if out is not None and out.task is not None:
-            out.task.cancel()
+        if out is not None:
+            out.stopped = True
+            if out.task is not None:
+                out.task.cancel()
 
     def is_connected(self, peer: str) -> bool:
         out = self._peers.get(peer)
@@ -304,7 +312,7 @@ class PeerTransport:
 
     async def _sender(self, out: _Outbound) -> None:
         delay = self._backoff[0]
-        while True:
+        while not out.stopped:
             try:
                 reader, writer = await asyncio.wait_for(asyncio.open_connection(
                     out.host, out.port, ssl=self._client_ssl,
@@ -320,8 +328,13 @@ class PeerTransport:
                 await asyncio.sleep(delay * (0.5 + self._rng.random()))
                 delay = min(delay * 2, self._backoff[1])
                 continue
+            if out.stopped:  # stopped as the connection came up (see _Outbound.stopped)
+                writer.close()
+                return
             try:
                 await asyncio.wait_for(self._client_handshake(reader, writer, out.peer), HANDSHAKE_TIMEOUT_S)
+                if out.stopped:
+                    return  # the finally closes the connection
                 if self.on_connect is not None:
                     first = self.on_connect(out.peer)
                     if first is not None:

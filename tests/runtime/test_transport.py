@@ -154,6 +154,50 @@ async def test_client_refuses_a_server_that_does_not_know_the_secret() -> None:
         await impostor.close()
 
 
+class _DeafTask(asyncio.Task):  # type: ignore[type-arg]
+    """A task that loses its first cancellation, as Python 3.11's wait_for
+    does when the cancellation arrives just as its inner awaitable finishes
+    (it hands back the inner result or error instead of CancelledError)."""
+
+    _deaf = True
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self._deaf:
+            self._deaf = False
+            return True
+        return super().cancel(msg)
+
+
+async def test_close_ends_a_sender_whose_cancellation_was_lost() -> None:
+    # Seen in CI: close() hung for 300 s because the sender to a peer that
+    # kept refusing the handshake lost its cancellation and went on
+    # reconnecting. close() must not depend on the cancellation arriving.
+    impostor = PeerTransport("b", b"other-secret", Inbox())
+    await impostor.start()
+    a = PeerTransport("a", SECRET, Inbox(), backoff_initial_s=0.01, backoff_max_s=0.02)
+    await a.start()
+    loop = asyncio.get_running_loop()
+    old_factory = loop.get_task_factory()
+    loop.set_task_factory(lambda lp, coro, **kw: _DeafTask(coro, loop=lp, **kw))
+    try:
+        a.add_peer("b", "127.0.0.1", impostor.port)
+    finally:
+        loop.set_task_factory(old_factory)
+    sender = a._peers["b"].task
+    assert isinstance(sender, _DeafTask)
+    try:
+        async def refused_twice() -> None:
+            while a.stats.auth_failures < 2:
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(refused_twice(), 10)
+        await asyncio.wait_for(a.close(), 10)
+        assert sender.done()
+        assert not sender._deaf  # the cancellation really was swallowed
+    finally:
+        await impostor.close()
+
+
 async def test_sender_reconnects_after_peer_restart_and_delivers_queued_messages() -> None:
     ia = Inbox()
     a = PeerTransport("a", SECRET, ia, backoff_initial_s=0.01, backoff_max_s=0.1)
