@@ -12,6 +12,17 @@ that frame's file to one step of the message path.
 Prints, per node (node 1 leads the queue and holds the client connections):
 CPU microseconds per consumed message in each step, and the hottest
 functions. Needs ptrace permission (root) for py-spy.
+
+With the compiled build (make native) most of the message path has no
+Python frames, and py-spy charges it to the nearest interpreted caller.
+`--perf` samples each node with Linux perf instead (cpu-clock, DWARF
+call graphs; on-CPU only) and charges a sample to the innermost compiled
+function of ours on its stack. Interpreted code of ours is one opaque
+frame to perf on Python 3.11, so samples without a compiled frame are
+told apart by thread only: the event loop's (uvloop and the interpreted
+modules: transport, storage appends, timers) or the storage threads'.
+
+    .venv/bin/python bench/node_profile.py --perf --nodes 1 --size 16
 """
 from __future__ import annotations
 
@@ -132,6 +143,48 @@ def attribute(raw: str) -> tuple[collections.Counter[str], collections.Counter[s
     return steps, funcs, total
 
 
+def attribute_perf(script: str, pid: int) -> tuple[collections.Counter[str], collections.Counter[str], int]:
+    """`perf script -F tid,ip,sym` output of one node -> samples per step and
+    per function (see --perf in the module docstring)."""
+    steps: collections.Counter[str] = collections.Counter()
+    funcs: collections.Counter[str] = collections.Counter()
+    total = 0
+    for block in script.split("\n\n"):
+        lines = [ln.strip() for ln in block.strip().splitlines()]
+        if not lines or not lines[0].split()[0].isdigit():
+            continue
+        tid = int(lines[0].split()[0])
+        syms = [ln.split(None, 1)[1] if " " in ln else "?" for ln in lines[1:]]
+        syms = [re.sub(r"\+0x[0-9a-f]+$", "", sym) for sym in syms]
+        total += 1
+        owner = next((o for o in map(_owner, syms) if o is not None), None)
+        if owner is not None:
+            steps[step_of(*owner)] += 1
+            funcs[f"{owner[0]}:{owner[1]}"] += 1
+            continue
+        leaf = syms[0] if syms else "?"
+        if tid != pid:
+            steps["other threads (WAL writer, segment flusher; interpreted)"] += 1
+        elif any("_PyEval_EvalFrameDefault" in sym for sym in syms):
+            steps["interpreted code on the event loop (transport, storage appends, timers)"] += 1
+        else:
+            steps["event loop and socket I/O (uvloop)"] += 1
+        funcs[leaf[:90]] += 1
+    return steps, funcs, total
+
+
+def record_perf(pid: int, seconds: float, rate: int, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(rate), "--call-graph", "dwarf,16384",
+         "-p", str(pid), "-o", str(out), "--", "sleep", str(seconds)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def perf_script(data: Path) -> str:
+    return subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,ip,sym"],
+                          capture_output=True, text=True, check=True).stdout
+
+
 def record(pid: int, seconds: float, rate: int, out: Path, lines: bool,
            native: bool = False) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
@@ -148,15 +201,19 @@ def main() -> int:
     ap.add_argument("--queues", type=int, default=1)
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds of load (profiled: all but 4)")
-    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--rate", type=int, help="samples per second (py-spy 250, perf 199)")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--lines", action="store_true", help="hottest lines instead of functions")
     ap.add_argument("--native", action="store_true",
                     help="C frames too (pauses each node per sample); needed to see into the "
                          "compiled modules (make native), whose functions have no Python frames")
+    ap.add_argument("--perf", action="store_true",
+                    help="sample with Linux perf (see the module docstring): for the compiled build")
     ap.add_argument("--keep", type=Path, help="copy the raw py-spy stacks into this directory")
     args = ap.parse_args()
+    if args.rate is None:
+        args.rate = 199 if args.perf else 250
     wl = Workload("profile", args.size, args.queues, args.pairs, duration=args.seconds)
     with tempfile.TemporaryDirectory(prefix="qq-profile-") as d, ours(args.nodes, Path(d)) as (ports, pids, _c):
         result: dict[str, float] = {}
@@ -164,16 +221,18 @@ def main() -> int:
         t.start()
         time.sleep(2.0)  # past connection set-up and the first burst
         window = args.seconds - 4.0
-        outs = [Path(d) / f"n{i + 1}.raw" for i in range(len(pids))]
-        procs = [record(pid, window, args.rate, o, args.lines, args.native)
+        outs = [Path(d) / f"n{i + 1}.{'perf' if args.perf else 'raw'}" for i in range(len(pids))]
+        procs = [record_perf(pid, window, args.rate, o) if args.perf
+                 else record(pid, window, args.rate, o, args.lines, args.native)
                  for pid, o in zip(pids, outs, strict=True)]
         for p in procs:
             _, err = p.communicate()
             if p.returncode != 0:
-                print(f"py-spy failed: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+                print(f"{'perf' if args.perf else 'py-spy'} failed: {err.decode(errors='replace')[-500:]}",
+                      file=sys.stderr)
                 return 1
         t.join()
-        raws = [o.read_text() for o in outs]
+        raws = [perf_script(o) if args.perf else o.read_text() for o in outs]
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             for o, raw in zip(outs, raws, strict=True):
@@ -185,7 +244,7 @@ def main() -> int:
     report = {"rate": result["rate"], "p99": result["p99"], "window_s": window, "nodes": []}
     per_sample_us = 1e6 / args.rate
     for i, raw in enumerate(raws):
-        steps, funcs, total = attribute(raw)
+        steps, funcs, total = attribute_perf(raw, pids[i]) if args.perf else attribute(raw)
         busy = total / (args.rate * window)
         print(f"\nnode {i + 1}{' (leader, clients)' if i == 0 else ''}: CPU busy {busy * 100:.0f}% "
               f"of one core, {total * per_sample_us / msgs:.1f} us per message")
