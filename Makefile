@@ -94,7 +94,8 @@ bench-scale: native
 	$(PY) bench/scale.py $(BENCH_ARGS)
 
 # Where a message's time goes on each node of a 3-node cluster under load
-# (py-spy, root or ptrace permission): bench/node_profile.py.
+# (perf on the compiled build, else py-spy; root or ptrace permission):
+# bench/node_profile.py.
 bench-profile: native
 	$(PY) bench/node_profile.py $(BENCH_ARGS)
 

@@ -23,6 +23,9 @@ told apart by thread only: the event loop's (uvloop and the interpreted
 modules: transport, storage appends, timers) or the storage threads'.
 
     .venv/bin/python bench/node_profile.py --perf --nodes 1 --size 16
+
+`--perf` is the default when the brokers will run compiled and perf (Debian's
+linux-perf) is installed; `--no-perf` forces py-spy.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import load  # noqa: E402
 from bench.load import Workload  # noqa: E402
-from bench.report import ours  # noqa: E402
+from bench.report import ours, ours_build  # noqa: E402
 
 # (pattern on "file:function", step); first match wins.
 STEPS: list[tuple[str, str]] = [
@@ -206,12 +210,17 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--lines", action="store_true", help="hottest lines instead of functions")
     ap.add_argument("--native", action="store_true",
-                    help="C frames too (pauses each node per sample); needed to see into the "
-                         "compiled modules (make native), whose functions have no Python frames")
-    ap.add_argument("--perf", action="store_true",
-                    help="sample with Linux perf (see the module docstring): for the compiled build")
+                    help="py-spy with C frames too (pauses each node per sample, and counts threads "
+                         "blocked in C as busy); --perf sees the compiled modules better")
+    ap.add_argument("--perf", action=argparse.BooleanOptionalAction, default=None,
+                    help="sample with Linux perf (see the module docstring); the default when the "
+                         "brokers run compiled and perf is installed, py-spy otherwise")
     ap.add_argument("--keep", type=Path, help="copy the raw py-spy stacks into this directory")
     args = ap.parse_args()
+    build = ours_build()
+    if args.perf is None:
+        args.perf = build.startswith("compiled") and not args.native and shutil.which("perf") is not None
+    print(f"brokers: {build}; sampled with {'perf' if args.perf else 'py-spy'}")
     if args.rate is None:
         args.rate = 199 if args.perf else 250
     wl = Workload("profile", args.size, args.queues, args.pairs, duration=args.seconds)
