@@ -121,5 +121,6 @@ def test_only_the_higher_priority_replica_acts_and_the_other_takes_over(
     kube.create(m.quorum_queue("peer-two", NS))
     wait_for(lambda: brokers.apis[0].queue("peer-two"), 60, "peer-two declared by the remaining replica")
     wait_for(lambda: low.handled("peer-two"), 30, "the low replica handled peer-two")
-    obj = kube.get(GROUP, "quorumqueues", "peer-two") or {}
-    assert obj.get("status", {}).get("members"), obj.get("status")
+    # kopf logs the handler's success before it patches the status: await it
+    wait_for(lambda: ((kube.get(GROUP, "quorumqueues", "peer-two") or {}).get("status") or {}).get("members"),
+             30, "peer-two's status has its members (written by the remaining replica)")
