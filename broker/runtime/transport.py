@@ -153,6 +153,12 @@ class _Outbound:
     # that lost its cancellation would reconnect forever and hang close().
     stopped: bool = False
 
+    def stop(self) -> None:
+        """End the sender: mark it stopped and cancel its task."""
+        self.stopped = True
+        if self.task is not None:
+            self.task.cancel()
+
 
 def _encode(payload: object) -> bytes:
     body = packb(payload)
@@ -256,9 +262,7 @@ class PeerTransport:
         if self._server is not None:
             self._server.close()
         for out in self._peers.values():
-            out.stopped = True
-            if out.task is not None:
-                out.task.cancel()
+            out.stop()
         tasks = [o.task for o in self._peers.values() if o.task]
         await asyncio.gather(*tasks, self._abort_inbound(), return_exceptions=True)
         if self._server is not None:
@@ -279,9 +283,7 @@ class PeerTransport:
     def remove_peer(self, peer: str) -> None:
         out = self._peers.pop(peer, None)
         if out is not None:
-            out.stopped = True
-            if out.task is not None:
-                out.task.cancel()
+            out.stop()
 
     def is_connected(self, peer: str) -> bool:
         out = self._peers.get(peer)
