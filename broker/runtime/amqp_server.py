@@ -28,6 +28,17 @@ prefetch of 1,000 at 27k msg/s the consumer went without credit for part of
 every round and the queue grew (p99 publish->deliver 180-470 ms, 16 B, one
 node, compiled build; 60 ms with the budget).
 
+Why the budget adapts: a pass that ends early brings each queue fewer
+publishes, and an entry's Raft, replication and apply work is paid per entry,
+so publishes spread over many queues need the long pass (a publisher rotating
+over 100 queues brings 2-3 to each in 256 events), while publishes to one or
+two queues fill their entries well before it. So a pass also ends after 64
+publishes when they averaged 32 or more a routing key: on the 1-node 16 B and
+1 KiB rows this took p99 from 75-113 ms to 59-73 at the same throughput;
+asking only 8 a key (a publisher rotating over 10 queues then stops at 80)
+cut the 3-node row of 10 publishers over 100 queues by a quarter
+(bench/PERF_NOTES.md).
+
 The node is a `ServerNode` (below): what this module and its channels use of
 it, never runtime/node.py itself (runtime/host_checks.py proves `Node` fits).
 """
@@ -55,6 +66,12 @@ log = logging.getLogger("broker.amqp")
 #: channel events (publishes, acks, methods) one connection handles in one
 #: pass of the event loop before it lets the others run (see the module doc)
 DRAIN_BUDGET = 256
+#: ... and a pass ends sooner, from `PASS_FULL` publishes on, once they went
+#: to few enough routing keys (`PER_KEY_FULL` publishes a key or more on
+#: average): their queues' entries are well filled already, and a longer pass
+#: would only delay the other connections (see the module doc)
+PASS_FULL = 64
+PER_KEY_FULL = 32
 
 
 class ConnectionLimits(Protocol):
@@ -180,21 +197,27 @@ class AmqpConnection(asyncio.Protocol):
         amqp = self.amqp
         channels = self.channels
         budget = -1 if unlimited else DRAIN_BUDGET  # counting down from -1 never reaches 0
+        published = 0  # publishes handled in this pass, and their routing keys
+        keys: set[str] = set()
         while True:
             event = amqp.next_event()
             if event is ev.NEED_DATA or event is ev.CLOSED or event is ev.PAUSED:
                 break
             t = type(event)
             if t in (ev.Publish, ev.Ack, ev.Nack, ev.Reject, ev.MethodReceived):
-                if t is ev.Publish and self.node.alarm_resources and not self.alarm_blocked:
-                    self._alarm_block()
+                if t is ev.Publish:
+                    if self.node.alarm_resources and not self.alarm_blocked:
+                        self._alarm_block()
+                    keys.add(cast(ev.Publish, event).routing_key)
+                    published += 1
                 # each of these has `channel` (mypy does not narrow `t in (...)`:
                 # getattr, not a cast per frame)
                 ch = channels.get(getattr(event, "channel", 0))
                 if ch is not None:
                     ch.feed(event)
                 budget -= 1
-                if budget == 0:
+                if budget == 0 or (published >= PASS_FULL and budget > 0
+                                   and len(keys) * PER_KEY_FULL <= published):
                     # the rest (still in `amqp`) after the others' turn
                     self.hold("drain")
                     asyncio.get_running_loop().call_soon(self._drain_more)
