@@ -281,7 +281,7 @@ def measure_turn(args: argparse.Namespace, setups: list[str], rows: list[Workloa
                     print(f"{setup:>11} idle queue: {b / KiB:.1f} KiB RSS per queue "
                           f"({args.idle_queues} queues)", flush=True)
                 for wl in rows:
-                    r = load.run(wl, "127.0.0.1", ports, pids)
+                    r = run_row(setup, wl, ports, pids)
                     runs.setdefault(setup, {}).setdefault(wl.name, []).append(r)
                     print(f"{setup:>11} {wl.name:>14}: {r['rate']:10,.0f} msg/s "
                           f"(publish {r['publish_rate']:,.0f}/s) p50 {r['p50']:.1f} ms "
@@ -293,6 +293,26 @@ def measure_turn(args: argparse.Namespace, setups: list[str], rows: list[Workloa
                     print(f"recovery after kill -9 of all 3 nodes with {rec['backlog']:,} ready: "
                           f"nodes up {rec['nodes_up_s']:.1f} s, queue available with its backlog "
                           f"{rec['queue_available_s']:.1f} s", flush=True)
+
+
+ROW_ATTEMPTS = 3
+
+
+def run_row(setup: str, wl: Workload, ports: list[int], pids: list[int]) -> dict[str, Any]:
+    """One run of `wl`, tried again (up to `ROW_ATTEMPTS` in all) when the
+    broker refuses it: RabbitMQ 3.10 sometimes answers a quorum queue's
+    declare with 541 INTERNAL_ERROR while its Ra cluster starts under load,
+    and one refusal should not cost the other rows of a 48-minute report."""
+    for attempt in range(1, ROW_ATTEMPTS + 1):
+        try:
+            return load.run(wl, "127.0.0.1", ports, pids)
+        except (ConnectionError, OSError) as exc:
+            if attempt == ROW_ATTEMPTS:
+                raise
+            print(f"{setup:>11} {wl.name:>14}: attempt {attempt} failed ({exc}); again in 5 s",
+                  flush=True)
+            time.sleep(5)
+    raise AssertionError("unreachable")
 
 
 def _fmt_rate(x: float) -> str:
