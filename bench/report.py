@@ -304,12 +304,14 @@ WARMUP_ROW = "1KiB"
 
 
 def warm_up(setup: str, ports: list[int], pids: list[int], seconds: float) -> None:
-    """One untimed run of the 1 KiB row, its result thrown away. Without it
-    the first rows after a heavy setup measured a transient: in the report
-    at `d6ff403` ours-1's 16 B p99 was 72 ms in the first turn and 204 and
-    335 ms in the turns that followed rabbitmq-3's 1,000,000-message backlog
-    (an isolated rerun after that backlog: 133 ms in the first run, 79-82 in
-    the next two). Both brokers get the same warm-up."""
+    """One untimed run of the 1 KiB row, its result thrown away; both brokers
+    get the same. Added because the first rows after a heavy setup looked
+    like a transient of the machine: in the report at `d6ff403` ours-1's
+    16 B p99 was 72 ms in the first turn and 204 and 335 ms in the turns
+    that followed rabbitmq-3's 1,000,000-message backlog (an isolated rerun
+    after that backlog: 133 ms in the first run, 79-82 in the next two). In
+    the report with it (`344d11f`) the 1 KiB row's later turns were fine and
+    the 16 B row's were not (bench/PERF_NOTES.md, "Where the table stands")."""
     base = next(r for r in ROWS if r.name == WARMUP_ROW)
     wl = Workload(base.name, base.size, base.queues, base.pairs, duration=seconds)
     r = run_row(setup, wl, ports, pids)
