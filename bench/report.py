@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -225,11 +226,9 @@ def ours_build() -> str:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows = [r for r in ROWS if not args.rows or r.name in args.rows.split(",")]
     if args.quick:
-        rows = [Workload(r.name, r.size, r.queues, r.pairs, duration=4.0,
-                         backlog=min(r.backlog, 100_000)) for r in rows]
+        rows = [replace(r, duration=4.0, backlog=min(r.backlog, 100_000)) for r in rows]
     elif args.duration:
-        rows = [Workload(r.name, r.size, r.queues, r.pairs, duration=args.duration,
-                         backlog=r.backlog) for r in rows]
+        rows = [replace(r, duration=args.duration) for r in rows]
     setups = [s for s in args.setups.split(",") if s]
     out: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv[1:]) or "(defaults)",
                            "rows": {r.name: {"what": describe(r), "window": r.window,
@@ -312,8 +311,7 @@ def warm_up(setup: str, ports: list[int], pids: list[int], seconds: float) -> No
     after that backlog: 133 ms in the first run, 79-82 in the next two). In
     the report with it (`344d11f`) the 1 KiB row's later turns were fine and
     the 16 B row's were not (bench/PERF_NOTES.md, "Where the table stands")."""
-    base = next(r for r in ROWS if r.name == WARMUP_ROW)
-    wl = Workload(base.name, base.size, base.queues, base.pairs, duration=seconds)
+    wl = replace(next(r for r in ROWS if r.name == WARMUP_ROW), duration=seconds)
     r = run_row(setup, wl, ports, pids)
     print(f"{setup:>11} {'(warm-up)':>14}: {r['rate']:10,.0f} msg/s, not counted", flush=True)
 
