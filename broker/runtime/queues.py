@@ -566,6 +566,7 @@ class QuorumQueue(QueueProcess):
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
             self, host.send_raft, raft_config=raft_config,
             on_role_change=self._role_changed, snapshot_idle_s=self.snapshot_idle_s,
+            lazy_commit=True,
         )
         # The at-least-once dead-letter worker, while this member leads and the
         # queue's strategy is at-least-once (runtime/dead_letter.py).

@@ -9,7 +9,9 @@ I/O. It turns the core's `Ready` into storage writes (`GroupLog.append` /
 The Ready contract (broker/raft/node.py) is followed literally:
   1. `rd.messages` are sent at once (leader appends go out in parallel with
      the leader's own WAL write);
-  2. snapshot, entries and hard state are queued to the WAL;
+  2. snapshot, entries and hard state are queued to the WAL (with
+     `lazy_commit`, queue groups, a hard state whose only change is the
+     commit index is not: see `_must_write_hs`);
   3. `rd.persisted_messages` are sent (their preconditions are durable);
   4. committed entries are applied in order, then `advance(rd)`;
   5. when the WAL writer reports the writes durable (`on_durable`, hopped
@@ -257,6 +259,7 @@ class RaftGroup:
         snapshot_interval: int = 20_000,
         snapshot_idle_s: float | None = None,
         snapshot_bytes: int = SNAPSHOT_BYTES,
+        lazy_commit: bool = False,
     ) -> None:
         self.group_id = group_id
         self.node_id = NodeId(node_id)
@@ -280,6 +283,17 @@ class RaftGroup:
         self._loop = asyncio.get_running_loop()
         self._scheduled = False
         self._pending_writes: deque[_PendingWrite] = deque()
+        # Lazy commit (`_must_write_hs`): a hard state whose only change is
+        # the commit index is not written, except where the restart rule for
+        # membership needs it. The last hard state queued to the WAL; the
+        # CONFIG entries appended since, above its commit; and the end of the
+        # log this member restarted with, whose entries above the recovered
+        # commit were never looked at (every commit is written until it
+        # passes that end).
+        self._lazy_commit = lazy_commit
+        self._hs_written = glog.hard_state()
+        self._config_marks: list[int] = []
+        self._unknown_upto = glog.last_index()
         # (index -> (term, future)): resolved when that index is applied.
         self._waiters: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         # index -> (term, timestamp, payload) of this leader's own hot-path proposals
@@ -505,15 +519,23 @@ class RaftGroup:
                 glog.append(rd.entries)  # type: ignore[arg-type]
                 if self._waiters and self.role is not Role.LEADER:
                     self._overwritten(rd.entries)
-            if rd.hard_state is not None:
-                h = rd.hard_state
+                if self._lazy_commit:
+                    config = EntryKind.CONFIG
+                    for e in rd.entries:
+                        if e.kind is config:
+                            self._config_marks.append(e.index)
+            h = rd.hard_state
+            if h is not None and (not self._lazy_commit or self._must_write_hs(h.term, h.vote, h.commit)):
                 hs = st.HardState(h.term, h.vote, h.commit)
                 glog.set_hard_state(hs)
+                self._hs_written = hs
+                if self._config_marks:
+                    self._config_marks = [m for m in self._config_marks if m > h.commit]
             last = rd.entries[-1].index if rd.entries else 0
             if last or hs is not None:
                 self._pending_writes.append(_PendingWrite(rd.seq, last, hs))
             elif not self._pending_writes:
-                persist_now = True  # snapshot only, nothing earlier outstanding
+                persist_now = True  # snapshot or commit only, nothing earlier outstanding
             else:
                 self._pending_writes.append(_PendingWrite(rd.seq, 0, None))
         for m in rd.persisted_messages:
@@ -527,6 +549,30 @@ class RaftGroup:
         self.node.advance(rd)
         if persist_now:
             self.node.persisted(rd.seq)
+
+    def _must_write_hs(self, term: int, vote: str | None, commit: int) -> bool:
+        """Must this hard state be written (lazy commit)? Raft needs term and
+        vote durable before anything that depends on them is sent (the core
+        holds those messages until `persisted`); the commit index is volatile
+        state that a restarted member relearns from its leader (etcd's raft:
+        `MustSync` is false for a commit-only change). One exception, ours:
+        on restart `GroupLogStorage.initial_state` takes the membership from
+        the CONFIG entries at or below the recovered commit, so the commit is
+        written whenever it passes a CONFIG entry (or an entry of the log
+        this member restarted with, not looked at). A commit-only hard state
+        not written costs no WAL record and no durability round; it rides
+        with the next hard state that is written."""
+        w = self._hs_written
+        if term != w.term or vote != w.voted_for:
+            return True
+        if commit <= w.commit:
+            return False
+        if w.commit < self._unknown_upto:
+            return True
+        for m in self._config_marks:
+            if w.commit < m <= commit:
+                return True
+        return False
 
     def _apply_entry(self, e: Entry) -> None:
         waiter = self._waiters.pop(e.index, None)

@@ -43,7 +43,8 @@ class FnMachine:
 class Member:
     """One node: a LogManager + a RaftGroup whose machine appends to a list."""
 
-    def __init__(self, name: str, data: Path, voters: list[str], net: Net) -> None:
+    def __init__(self, name: str, data: Path, voters: list[str], net: Net, *,
+                 lazy_commit: bool = False) -> None:
         self.name = name
         self.applied: list[tuple[int, Any]] = []
         loop = asyncio.get_running_loop()
@@ -55,7 +56,7 @@ class Member:
         self.group = RaftGroup(
             "g1", name, glog, Membership(frozenset(NodeId(v) for v in voters)),
             FnMachine(self._apply), net.sender(name), raft_config=RaftConfig(election_tick=10),
-            rng=random.Random(hash(name) & 0xFFFF),
+            rng=random.Random(hash(name) & 0xFFFF), lazy_commit=lazy_commit,
         )
 
     def _durable(self) -> None:
@@ -429,3 +430,157 @@ async def test_a_quiet_leader_cut_off_from_its_quorum_steps_down(tmp_path: Path)
     finally:
         for m in net.members.values():
             m.close()
+
+
+async def test_lazy_commit_writes_no_commit_only_hard_state_and_a_restart_relearns_the_commit(
+        tmp_path: Path) -> None:
+    """Lazy commit (queue groups): a hard state whose only change is the
+    commit index is not written (no WAL record, no durability round). The
+    durable commit stays behind what was applied, and a restarted member
+    relearns it: everything confirmed is applied again once it leads."""
+    net = Net()
+    m = Member("n1", tmp_path / "n1", ["n1"], net, lazy_commit=True)
+    net.members["n1"] = m
+    try:
+        m.group.campaign()
+        await _until(lambda: m.group.is_leader, m.group.tick)
+        m.mgr.sync()
+        elected = m.group.glog.durable_hard_state()
+        for i in range(50):  # one entry at a time: each commit is its own hard state
+            assert (await asyncio.wait_for(m.group.propose(i), 10)) == ("applied", i)
+        m.mgr.sync()
+        durable = m.group.glog.durable_hard_state()
+        assert (durable.term, durable.voted_for) == (elected.term, "n1")
+        assert durable.commit <= elected.commit + 1 < m.applied[-1][0]
+        assert m.group.glog.durable_index() >= m.applied[-1][0]
+    finally:
+        m.close()
+    net2 = Net()
+    m2 = Member("n1", tmp_path / "n1", ["n1"], net2, lazy_commit=True)
+    net2.members["n1"] = m2
+    try:
+        m2.group.campaign()
+        await _until(lambda: m2.group.is_leader and len(m2.applied) >= 50, m2.group.tick)
+        assert [p for _, p in m2.applied] == list(range(50))
+    finally:
+        m2.close()
+
+
+async def test_lazy_commit_still_writes_a_commit_that_passes_a_config_entry(tmp_path: Path) -> None:
+    """The restart rule for membership reads the CONFIG entries at or below
+    the recovered commit: a commit passing one is written even when it is
+    the hard state's only change, so a member restarting right after a
+    membership change committed starts with the new membership."""
+    from broker.raft import ConfChange, ConfChangeKind
+
+    net = Net()
+    m = Member("n1", tmp_path / "n1", ["n1"], net, lazy_commit=True)
+    net.members["n1"] = m
+    try:
+        m.group.campaign()
+        await _until(lambda: m.group.is_leader, m.group.tick)
+        for i in range(5):
+            await asyncio.wait_for(m.group.propose(i), 10)
+        await asyncio.wait_for(m.group.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2"))), 10)
+        conf_index = m.group.applied_index
+        m.mgr.sync()
+        assert m.group.glog.durable_hard_state().commit >= conf_index
+        for i in range(5, 10):  # commit-only again after it
+            await asyncio.wait_for(m.group.propose(i), 10)
+        m.mgr.sync()
+        assert m.group.glog.durable_hard_state().commit < m.group.applied_index
+    finally:
+        m.close()
+    m2 = Member("n1", tmp_path / "n1", ["n1"], Net(), lazy_commit=True)
+    try:
+        # before any election: the membership is the committed CONFIG entry's
+        assert m2.group.node.config.learners == {NodeId("n2")}
+        assert m2.group.node.config.voters == {NodeId("n1")}
+    finally:
+        m2.close()
+
+
+async def test_lazy_commit_after_a_restart_writes_commits_until_past_the_log_it_restarted_with(
+        tmp_path: Path) -> None:
+    """A member restarting with entries above its recovered commit has not
+    looked at them: one may be a CONFIG entry. Every commit is written until
+    it passes the log's restart end, so the uncommitted CONFIG entry here,
+    committed after the restart, is in force at the next restart."""
+    from broker.raft import ConfChange, ConfChangeKind, EntryKind, encode_conf_entry
+
+    loop = asyncio.get_running_loop()
+    boot = Membership(frozenset({NodeId("n1")}))
+    learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
+    data = encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner)
+    cfg = st.StorageConfig(wal_max_size_bytes=64 * 1024)
+    mgr = st.LogManager.open(tmp_path / "n1", cfg)
+    glog = mgr.open_group("g1")
+    glog.append([st.Entry(1, 1, b"", EntryKind.NOOP.value),
+                 st.Entry(2, 1, data, EntryKind.CONFIG.value)])
+    glog.set_hard_state(st.HardState(1, "n1", 1))  # entry 2 not committed
+    mgr.sync()
+    mgr.close()
+
+    def start() -> tuple[st.LogManager, RaftGroup]:
+        holder: list[RaftGroup] = []
+        mgr = st.LogManager.open(tmp_path / "n1", cfg, on_durable=lambda g, i, t: loop.call_soon_threadsafe(
+            lambda: holder[0].on_durable()))
+        group = RaftGroup("g1", "n1", mgr.open_group("g1"), boot, FnMachine(lambda i, t, ts, p: p),
+                          lambda dst, msg: None, raft_config=RaftConfig(election_tick=10),
+                          rng=random.Random(7), lazy_commit=True)
+        holder.append(group)
+        return mgr, group
+
+    mgr, group = start()
+    try:
+        assert group.node.config == boot
+        group.campaign()
+        await _until(lambda: group.is_leader, group.tick)
+        assert (await asyncio.wait_for(group.propose("x"), 10)) == "x"
+        assert group.node.config == learner
+        mgr.sync()
+        assert group.glog.durable_hard_state().commit >= 2
+    finally:
+        mgr.close()
+    mgr, group = start()
+    try:
+        assert group.node.config == learner
+    finally:
+        mgr.close()
+
+
+async def test_lazy_commit_a_follower_restarting_after_a_membership_change_takes_the_new_membership(
+        tmp_path: Path) -> None:
+    """Followers learn a CONFIG entry and, in a later append, the commit that
+    passes it; each writes that commit (not the ones after it), so a
+    follower restarted right after the change starts with the membership the
+    entry carries, before it hears from any leader."""
+    from broker.raft import ConfChange, ConfChangeKind
+
+    names = ["a", "b", "c"]
+    net = Net()
+    for n in names:
+        net.members[n] = Member(n, tmp_path / n, names, net, lazy_commit=True)
+    try:
+        await _until(lambda: any(m.group.is_leader for m in net.members.values()), net.tick_all)
+        leader = next(m for m in net.members.values() if m.group.is_leader)
+        for i in range(5):
+            await asyncio.wait_for(leader.group.propose(i), 10)
+        gone, stays = [n for n in names if n != leader.name]
+        await asyncio.wait_for(leader.group.propose_conf(ConfChange(ConfChangeKind.REMOVE, NodeId(gone))), 10)
+        conf_index = leader.group.applied_index
+        for i in range(5, 20):
+            await asyncio.wait_for(leader.group.propose(i), 10)
+        follower = net.members[stays]
+        await _until(lambda: len(follower.applied) >= 20, net.tick_all)
+        follower.mgr.sync()
+        durable = follower.group.glog.durable_hard_state()
+        assert conf_index <= durable.commit < follower.group.applied_index
+    finally:
+        for m in net.members.values():
+            m.close()
+    again = Member(follower.name, tmp_path / follower.name, names, Net(), lazy_commit=True)
+    try:
+        assert again.group.node.config.voters == {NodeId(leader.name), NodeId(stays)}
+    finally:
+        again.close()
