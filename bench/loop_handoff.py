@@ -1,9 +1,10 @@
 """What it costs to hand work from a storage thread to the event loop.
 
-The WAL writer tells the loop that a batch is durable with one
-`loop.call_soon_threadsafe` per Raft group that had records in it
-(runtime/node.py `_call_soon`). With one publisher spread over 100 queues
-that is about one hand-off per message. This measures one hand-off per
+The WAL writer told the loop that a batch is durable with one
+`loop.call_soon_threadsafe` per Raft group that had records in it; with one
+publisher spread over 100 queues that was about one hand-off per message.
+The node now queues the group ids and hands off once a drain
+(runtime/node.py `DurableHandoff`). This measures one hand-off per
 notification against one per batch of `--batch` notifications (a list the
 loop walks), on uvloop, both ends counted (the thread's calls and the loop's
 callbacks, from the first call to the last callback):

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,7 @@ class Node:
             self.data_dir / "raft",
             st.StorageConfig(wal_max_size_bytes=self.config["raft.wal_max_size_bytes"],
                              segment_max_entries=self.config["raft.segment_max_entries"]),
-            on_durable=lambda g, i, t: _call_soon(loop, self._durable, g),
+            on_durable=DurableHandoff(loop, self._durable).notify,
             on_error=lambda g, e: _call_soon(loop, self._storage_error, g, e),
         )
         members = [self.node_name]
@@ -598,6 +599,48 @@ class Node:
     def call_later(self, delay: float, fn: Any) -> Any:
         assert self._loop is not None
         return self._loop.call_later(delay, fn)
+
+class DurableHandoff:
+    """The WAL writer's `on_durable` calls, carried onto the loop in one
+    `call_soon_threadsafe` for as many as arrive before the loop drains them
+    (one per group and WAL batch, else: ~1.3 us each against ~0.1 batched,
+    bench/loop_handoff.py). Each group id is drained once a pass; its group
+    reads what is durable when called, so later reports add nothing.
+
+    Lock-free under the GIL: the writer appends then schedules a drain unless
+    one is pending; the drain clears `_scheduled` before it takes the queue,
+    so an id appended after the take finds the flag clear and schedules the
+    next drain (at worst two drains for one id; never none)."""
+
+    __slots__ = ("_loop", "_fn", "_queue", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fn: Any) -> None:
+        self._loop = loop
+        self._fn = fn
+        self._queue: deque[str] = deque()
+        self._scheduled = False
+
+    def notify(self, group_id: str, index: int, term: int) -> None:
+        """On the WAL writer thread."""
+        self._queue.append(group_id)
+        if not self._scheduled:
+            self._scheduled = True
+            _call_soon(self._loop, self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        q = self._queue
+        seen: set[str] = set()
+        fn = self._fn
+        while q:
+            gid = q.popleft()
+            if gid not in seen:
+                seen.add(gid)
+                try:
+                    fn(gid)
+                except Exception:  # noqa: BLE001 - one group's failure must not drop the others' reports
+                    log.exception("durable report for group %s failed", gid)
+
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
     """From the storage threads onto the loop (a no-op once the loop closed)."""
