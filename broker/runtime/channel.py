@@ -31,7 +31,10 @@ INFLIGHT_UNIT bytes of body); over HIGH_WATER the connection stops reading
 So a connection has at most ~4,000 small messages or ~16 MiB of big bodies
 waiting for their queues: big bodies would otherwise fill the Raft pipeline,
 and the acks of consumers (settles, in the same pipeline) would wait behind
-them while the queue grows.
+them while the queue grows. It is read again once a quarter of that is
+committed (LOW_WATER 3,000): with 1,000 a connection of big bodies left the
+WAL idle while three quarters drained (bench/PERF_NOTES.md: 3-node 64 KiB
+~1,150 -> ~1,300 msg/s).
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ from .queues import Message, QueueProcess, QueueUid
 log = logging.getLogger("broker.amqp")
 
 HIGH_WATER = 4000
-LOW_WATER = 1000
+LOW_WATER = 3000
 INFLIGHT_UNIT = 4096
 
 
