@@ -173,6 +173,23 @@ async def test_three_members_replicate_and_survive_leader_isolation(tmp_path: Pa
             m.close()
 
 
+def _log_with_uncommitted_learner(path: Path) -> Membership:
+    """Group g1's log at `path`: a NOOP (committed) and a CONFIG entry adding
+    learner n2 (not committed); returns the membership that entry carries."""
+    from broker.raft import ConfChange, ConfChangeKind, EntryKind, encode_conf_entry
+
+    learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
+    data = encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner)
+    mgr = st.LogManager.open(path, st.StorageConfig(wal_max_size_bytes=64 * 1024))
+    glog = mgr.open_group("g1")
+    glog.append([st.Entry(1, 1, b"", EntryKind.NOOP.value),
+                 st.Entry(2, 1, data, EntryKind.CONFIG.value)])
+    glog.set_hard_state(st.HardState(1, "n1", 1))  # entry 2 not committed
+    mgr.sync()
+    mgr.close()
+    return learner
+
+
 async def test_member_restarting_with_only_an_uncommitted_config_entry_can_still_lead(
         tmp_path: Path) -> None:
     """Issue 10 defect 10: a log whose only CONFIG entry is uncommitted (the
@@ -181,18 +198,9 @@ async def test_member_restarting_with_only_an_uncommitted_config_entry_can_still
     The bootstrap membership is in force until a CONFIG entry commits, and
     that entry then sets the membership it carries even when the bootstrap
     list (the metadata's members) already included the change."""
-    from broker.raft import ConfChange, ConfChangeKind, EntryKind, encode_conf_entry
 
     loop = asyncio.get_running_loop()
-    learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
-    data = encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner)
-    mgr = st.LogManager.open(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024))
-    glog = mgr.open_group("g1")
-    glog.append([st.Entry(1, 1, b"", EntryKind.NOOP.value),
-                 st.Entry(2, 1, data, EntryKind.CONFIG.value)])
-    glog.set_hard_state(st.HardState(1, "n1", 1))  # entry 2 not committed
-    mgr.sync()
-    mgr.close()
+    learner = _log_with_uncommitted_learner(tmp_path / "n1")
     mgr = st.LogManager.open(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024),
                         on_durable=lambda g, i, t: loop.call_soon_threadsafe(lambda: group.on_durable()))
     applied: list[Any] = []
@@ -432,18 +440,24 @@ async def test_a_quiet_leader_cut_off_from_its_quorum_steps_down(tmp_path: Path)
             m.close()
 
 
+async def _lazy_single_leader(path: Path) -> Member:
+    """A one-member group with lazy commit over storage at `path`, elected."""
+    net = Net()
+    m = Member("n1", path, ["n1"], net, lazy_commit=True)
+    net.members["n1"] = m
+    m.group.campaign()
+    await _until(lambda: m.group.is_leader, m.group.tick)
+    return m
+
+
 async def test_lazy_commit_writes_no_commit_only_hard_state_and_a_restart_relearns_the_commit(
         tmp_path: Path) -> None:
     """Lazy commit (queue groups): a hard state whose only change is the
     commit index is not written (no WAL record, no durability round). The
     durable commit stays behind what was applied, and a restarted member
     relearns it: everything confirmed is applied again once it leads."""
-    net = Net()
-    m = Member("n1", tmp_path / "n1", ["n1"], net, lazy_commit=True)
-    net.members["n1"] = m
+    m = await _lazy_single_leader(tmp_path / "n1")
     try:
-        m.group.campaign()
-        await _until(lambda: m.group.is_leader, m.group.tick)
         m.mgr.sync()
         elected = m.group.glog.durable_hard_state()
         for i in range(50):  # one entry at a time: each commit is its own hard state
@@ -455,12 +469,9 @@ async def test_lazy_commit_writes_no_commit_only_hard_state_and_a_restart_relear
         assert m.group.glog.durable_index() >= m.applied[-1][0]
     finally:
         m.close()
-    net2 = Net()
-    m2 = Member("n1", tmp_path / "n1", ["n1"], net2, lazy_commit=True)
-    net2.members["n1"] = m2
+    m2 = await _lazy_single_leader(tmp_path / "n1")
     try:
-        m2.group.campaign()
-        await _until(lambda: m2.group.is_leader and len(m2.applied) >= 50, m2.group.tick)
+        await _until(lambda: len(m2.applied) >= 50, m2.group.tick)
         assert [p for _, p in m2.applied] == list(range(50))
     finally:
         m2.close()
@@ -473,12 +484,8 @@ async def test_lazy_commit_still_writes_a_commit_that_passes_a_config_entry(tmp_
     membership change committed starts with the new membership."""
     from broker.raft import ConfChange, ConfChangeKind
 
-    net = Net()
-    m = Member("n1", tmp_path / "n1", ["n1"], net, lazy_commit=True)
-    net.members["n1"] = m
+    m = await _lazy_single_leader(tmp_path / "n1")
     try:
-        m.group.campaign()
-        await _until(lambda: m.group.is_leader, m.group.tick)
         for i in range(5):
             await asyncio.wait_for(m.group.propose(i), 10)
         await asyncio.wait_for(m.group.propose_conf(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2"))), 10)
@@ -506,20 +513,11 @@ async def test_lazy_commit_after_a_restart_writes_commits_until_past_the_log_it_
     looked at them: one may be a CONFIG entry. Every commit is written until
     it passes the log's restart end, so the uncommitted CONFIG entry here,
     committed after the restart, is in force at the next restart."""
-    from broker.raft import ConfChange, ConfChangeKind, EntryKind, encode_conf_entry
 
     loop = asyncio.get_running_loop()
     boot = Membership(frozenset({NodeId("n1")}))
-    learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
-    data = encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner)
+    learner = _log_with_uncommitted_learner(tmp_path / "n1")
     cfg = st.StorageConfig(wal_max_size_bytes=64 * 1024)
-    mgr = st.LogManager.open(tmp_path / "n1", cfg)
-    glog = mgr.open_group("g1")
-    glog.append([st.Entry(1, 1, b"", EntryKind.NOOP.value),
-                 st.Entry(2, 1, data, EntryKind.CONFIG.value)])
-    glog.set_hard_state(st.HardState(1, "n1", 1))  # entry 2 not committed
-    mgr.sync()
-    mgr.close()
 
     def start() -> tuple[st.LogManager, RaftGroup]:
         holder: list[RaftGroup] = []
