@@ -109,6 +109,9 @@ class RaftConfig:
     snapshot_window: int = 4  # snapshot chunks in flight
     auto_promote: bool = True  # leader promotes a learner once it is caught up
     group: str = ""  # copied into every message this node sends
+    # Hand out a hard state whose only change is the commit index only when
+    # that commit passes a CONFIG entry (`_hs_due`); etcd's `MustSync`.
+    lazy_commit: bool = False
 
     def __post_init__(self) -> None:
         if self.heartbeat_tick < 1:
@@ -1099,8 +1102,28 @@ class RaftNode:
             return True
         if self._prev_ss.leader != self.lead or self._prev_ss.role is not self.role:
             return True
-        hs = self._prev_hs
-        return hs.term != self.term or hs.vote != self.vote or hs.commit != self.log.committed
+        return self._hs_due()
+
+    def _hs_due(self) -> bool:
+        """Is a hard state to be handed out (and written by the host)? When
+        term or vote changed, always. When only the commit index did: always,
+        unless `cfg.lazy_commit`; then only when the new commit passes a
+        CONFIG entry, that is when the last committed one (it was applied
+        as the commit reached it) lies above the commit last handed out.
+        Raft needs term, vote and entries durable; the commit index is
+        volatile state a restarted member relearns from its leader. But a
+        host's restart rule may read the membership from the CONFIG entries
+        at or below the recovered commit (runtime/raft_group.py
+        `initial_state`), so those commits are written. CONFIG entries in
+        the log at construction above the recovered commit are in
+        `_pending_confs` and go into `_conf_history` the same way when
+        they commit."""
+        p = self._prev_hs
+        if p.term != self.term or p.vote != self.vote:
+            return True
+        if p.commit == self.log.committed:
+            return False
+        return not self.cfg.lazy_commit or self._conf_history[-1][0] > p.commit
 
     def ready(self) -> Ready:
         """Hand out the pending work (see module docstring). Entries, hard
@@ -1116,9 +1139,8 @@ class RaftNode:
             ss = SoftState(self.lead, self.role)
             self._prev_ss = ss
         hs: HardState | None = None
-        p = self._prev_hs
         log = self.log
-        if p.term != self.term or p.vote != self.vote or p.commit != log.committed:
+        if self._hs_due():
             hs = HardState(Term(self.term), self.vote, Index(log.committed))
             self._prev_hs = hs
         u = log.unstable

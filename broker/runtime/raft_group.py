@@ -10,8 +10,8 @@ The Ready contract (broker/raft/node.py) is followed literally:
   1. `rd.messages` are sent at once (leader appends go out in parallel with
      the leader's own WAL write);
   2. snapshot, entries and hard state are queued to the WAL (with
-     `lazy_commit`, queue groups, a hard state whose only change is the
-     commit index is not: see `_must_write_hs`);
+     `lazy_commit`, queue groups, the core hands out no hard state whose
+     only change is the commit index: `RaftNode._hs_due`);
   3. `rd.persisted_messages` are sent (their preconditions are durable);
   4. committed entries are applied in order, then `advance(rd)`;
   5. when the WAL writer reports the writes durable (`on_durable`, hopped
@@ -49,7 +49,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -269,8 +269,8 @@ class RaftGroup:
         self._on_role_change = on_role_change
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         cfg = raft_config or RaftConfig()
-        if cfg.group != group_id:
-            cfg = RaftConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "group": group_id})
+        if cfg.group != group_id or cfg.lazy_commit != lazy_commit:
+            cfg = replace(cfg, group=group_id, lazy_commit=lazy_commit)
         # The machine starts from this log's snapshot, if any; Raft replays
         # the committed entries after it.
         applied = 0
@@ -283,17 +283,6 @@ class RaftGroup:
         self._loop = asyncio.get_running_loop()
         self._scheduled = False
         self._pending_writes: deque[_PendingWrite] = deque()
-        # Lazy commit (`_must_write_hs`): a hard state whose only change is
-        # the commit index is not written, except where the restart rule for
-        # membership needs it. The last hard state queued to the WAL; the
-        # CONFIG entries appended since, above its commit; and the end of the
-        # log this member restarted with, whose entries above the recovered
-        # commit were never looked at (every commit is written until it
-        # passes that end).
-        self._lazy_commit = lazy_commit
-        self._hs_written = glog.hard_state()
-        self._config_marks: list[int] = []
-        self._unknown_upto = glog.last_index()
         # (index -> (term, future)): resolved when that index is applied.
         self._waiters: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         # index -> (term, timestamp, payload) of this leader's own hot-path proposals
@@ -519,23 +508,15 @@ class RaftGroup:
                 glog.append(rd.entries)  # type: ignore[arg-type]
                 if self._waiters and self.role is not Role.LEADER:
                     self._overwritten(rd.entries)
-                if self._lazy_commit:
-                    config = EntryKind.CONFIG
-                    for e in rd.entries:
-                        if e.kind is config:
-                            self._config_marks.append(e.index)
-            h = rd.hard_state
-            if h is not None and (not self._lazy_commit or self._must_write_hs(h.term, h.vote, h.commit)):
+            if rd.hard_state is not None:
+                h = rd.hard_state
                 hs = st.HardState(h.term, h.vote, h.commit)
                 glog.set_hard_state(hs)
-                self._hs_written = hs
-                if self._config_marks:
-                    self._config_marks = [m for m in self._config_marks if m > h.commit]
             last = rd.entries[-1].index if rd.entries else 0
             if last or hs is not None:
                 self._pending_writes.append(_PendingWrite(rd.seq, last, hs))
             elif not self._pending_writes:
-                persist_now = True  # snapshot or commit only, nothing earlier outstanding
+                persist_now = True  # snapshot only, nothing earlier outstanding
             else:
                 self._pending_writes.append(_PendingWrite(rd.seq, 0, None))
         for m in rd.persisted_messages:
@@ -549,30 +530,6 @@ class RaftGroup:
         self.node.advance(rd)
         if persist_now:
             self.node.persisted(rd.seq)
-
-    def _must_write_hs(self, term: int, vote: str | None, commit: int) -> bool:
-        """Must this hard state be written (lazy commit)? Raft needs term and
-        vote durable before anything that depends on them is sent (the core
-        holds those messages until `persisted`); the commit index is volatile
-        state that a restarted member relearns from its leader (etcd's raft:
-        `MustSync` is false for a commit-only change). One exception, ours:
-        on restart `GroupLogStorage.initial_state` takes the membership from
-        the CONFIG entries at or below the recovered commit, so the commit is
-        written whenever it passes a CONFIG entry (or an entry of the log
-        this member restarted with, not looked at). A commit-only hard state
-        not written costs no WAL record and no durability round; it rides
-        with the next hard state that is written."""
-        w = self._hs_written
-        if term != w.term or vote != w.voted_for:
-            return True
-        if commit <= w.commit:
-            return False
-        if w.commit < self._unknown_upto:
-            return True
-        for m in self._config_marks:
-            if w.commit < m <= commit:
-                return True
-        return False
 
     def _apply_entry(self, e: Entry) -> None:
         waiter = self._waiters.pop(e.index, None)

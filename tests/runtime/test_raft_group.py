@@ -507,12 +507,12 @@ async def test_lazy_commit_still_writes_a_commit_that_passes_a_config_entry(tmp_
         m2.close()
 
 
-async def test_lazy_commit_after_a_restart_writes_commits_until_past_the_log_it_restarted_with(
+async def test_lazy_commit_writes_the_commit_of_a_config_entry_the_member_restarted_with(
         tmp_path: Path) -> None:
-    """A member restarting with entries above its recovered commit has not
-    looked at them: one may be a CONFIG entry. Every commit is written until
-    it passes the log's restart end, so the uncommitted CONFIG entry here,
-    committed after the restart, is in force at the next restart."""
+    """A member restarting with a CONFIG entry above its recovered commit
+    (the core finds it in the log at start): the commit that passes it
+    after the restart is written, so the entry is in force at the next
+    restart."""
 
     loop = asyncio.get_running_loop()
     boot = Membership(frozenset({NodeId("n1")}))
