@@ -12,6 +12,7 @@ on_durable reports it durable (after its fdatasync).
 
     .venv/bin/python bench/storage.py [--seconds 3] [--groups 1,10,100]
         [--inflight 16384] [--chunk 32] [--dir DIR] [--wal-max-mib 64] [--sync none]
+    .venv/bin/python bench/storage.py --raw-only --raw-writers 1,3   # the disk alone
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from broker.storage import Entry, LogManager, StorageConfig
 ENTRY = 1024
 
 
-def raw_fdatasync_rate(directory: str, seconds: float, block_size: int = 4096) -> float:
+def raw_fdatasync_rate(directory: str, seconds: float, block_size: int = 4096,
+                       name: str = "raw-fdatasync") -> float:
     """Appends of `block_size` bytes, each followed by fdatasync: syncs per second."""
-    path = os.path.join(directory, "raw-fdatasync")
+    path = os.path.join(directory, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     block = os.urandom(block_size)
     n = 0
@@ -43,6 +45,19 @@ def raw_fdatasync_rate(directory: str, seconds: float, block_size: int = 4096) -
         os.close(fd)
         os.unlink(path)
     return n / (time.perf_counter() - t0)
+
+
+def raw_bandwidth(directory: str, seconds: float, writers: int, block_size: int) -> float:
+    """MiB/s of `writers` concurrent appenders of `block_size` + fdatasync, in
+    all (three nodes of a 3-node row on one disk are three writers)."""
+    rates: list[float] = []
+    threads = [threading.Thread(target=lambda k=k: rates.append(
+        raw_fdatasync_rate(directory, seconds, block_size, f"raw-fdatasync.{k}"))) for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(rates) * block_size / 2**20
 
 
 def run(directory: str, ngroups: int, seconds: float, window: int, chunk: int,
@@ -112,10 +127,16 @@ def main() -> None:
     ap.add_argument("--wal-max-mib", type=int, default=64)
     ap.add_argument("--sync", default="fdatasync", choices=["fdatasync", "fsync", "none"],
                     help="'none' measures the software cost alone (NOT durable)")
+    ap.add_argument("--raw-writers", default="",
+                    help="also the raw bandwidth of this many concurrent writers, comma-separated "
+                         "(e.g. 1,3: a 3-node row's three WALs on one disk)")
+    ap.add_argument("--raw-only", action="store_true", help="only the raw figures, no groups")
     args = ap.parse_args()
+    if args.raw_only:
+        args.groups = ""
     print(f"1 KiB entries, {args.inflight} in flight, {args.chunk} entries/append, "
           f"WAL roll-over at {args.wal_max_mib} MiB, sync {args.sync}, dir {args.dir}")
-    for n in (int(x) for x in args.groups.split(",")):
+    for n in (int(x) for x in args.groups.split(",") if x):
         window = max(args.inflight // n, args.chunk)
         r = run(args.dir, n, args.seconds, window, args.chunk, args.wal_max_mib * 1024 * 1024,
                 args.sync)
@@ -128,6 +149,10 @@ def main() -> None:
     big = raw_fdatasync_rate(args.dir, min(args.seconds, 2.0), 4 << 20)
     print(f"raw bandwidth (4 MiB write + fdatasync, same disk): {big * 4 * 1.048576:.0f} MB/s "
           f"= {big * 4096:.0f} 1 KiB entries/s upper bound")
+    for w in (int(x) for x in args.raw_writers.split(",") if x):
+        for size in (1 << 20, 4 << 20):
+            mib = raw_bandwidth(args.dir, min(args.seconds, 5.0), w, size)
+            print(f"raw bandwidth, {w} writer(s) of {size >> 20} MiB + fdatasync at once: {mib:.0f} MiB/s in all")
 
 
 if __name__ == "__main__":
