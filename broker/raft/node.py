@@ -242,12 +242,31 @@ class RaftNode:
         self._config_unverified = False
         last = self.log.last_index()
         if last > snap_index:
-            for e in storage.entries(Index(snap_index + 1), Index(last + 1), None):
-                if e.kind is _CONFIG:
-                    if e.index <= self.log.committed:
-                        self._apply_conf_entry(e)
-                    else:
-                        self._pending_confs.append(e.index)
+            confs = [
+                e for e in storage.entries(Index(snap_index + 1), Index(last + 1), None)
+                if e.kind is _CONFIG
+            ]
+            # Every CONFIG entry of a log but its last is committed: a leader
+            # proposes a change only once the one before it has committed
+            # (`propose_conf_change`), and log matching gives this log that
+            # leader's prefix. The hard state recording such a commit can be
+            # lost while the later entry survives (a Ready's hard state is
+            # written after its entries; a torn tail may cut between them, and
+            # the core adopts a change as it commits, before that hard state
+            # is durable). Without this a restarted member could be two
+            # changes behind, where majorities of its configuration and the
+            # group's need not overlap.
+            if len(confs) > 1:
+                # The host gave its guess when no CONFIG entry was committed
+                # as far as it knew (see `_config_unverified`): the first one
+                # adopted here sets the configuration it carries.
+                self._config_unverified = confs[0].index > self.log.committed
+                self.log.commit_to(confs[-2].index)
+            for e in confs:
+                if e.index <= self.log.committed:
+                    self._apply_conf_entry(e)
+                else:
+                    self._pending_confs.append(e.index)
         self._config_unverified = bool(self._pending_confs) and len(self._conf_history) == 1
         self.progress: dict[NodeId, Progress] = {}
         self.votes: dict[NodeId, bool] = {}
@@ -1114,10 +1133,11 @@ class RaftNode:
         volatile state a restarted member relearns from its leader. But a
         host's restart rule may read the membership from the CONFIG entries
         at or below the recovered commit (runtime/raft_group.py
-        `initial_state`), so those commits are written. CONFIG entries in
-        the log at construction above the recovered commit are in
-        `_pending_confs` and go into `_conf_history` the same way when
-        they commit."""
+        `initial_state`), so those commits are written. The last CONFIG
+        entry of the log at construction, when above the recovered commit,
+        is in `_pending_confs` and goes into `_conf_history` the same way
+        when it commits (the ones before it are committed at construction,
+        which also hands out their commit)."""
         p = self._prev_hs
         if p.term != self.term or p.vote != self.vote:
             return True

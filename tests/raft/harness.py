@@ -160,10 +160,29 @@ class Host:
         self.sm_index = snap.meta.index
         self.node = RaftNode(self.id, self.storage, self.cfg, self.rng, applied=snap.meta.index)
         self.pending: deque[tuple[int, Ready]] = deque()
-        self.last_commit = self.node.log.committed
+        # The durable commit, not the node's: a node may raise its commit at
+        # start (every CONFIG entry but the last is committed), and the
+        # checker is to see that range committed when its hard state comes.
+        self.last_commit = self.storage.hard_state().commit
 
-    def crash(self) -> None:
-        """Lose everything volatile: the node, unpersisted writes, the state machine."""
+    def crash(self, torn: tuple[int, bool] | None = None) -> None:
+        """Lose everything volatile: the node, unpersisted writes, the state machine.
+
+        `torn=(k, entries)`: the disk kept a prefix of the unpersisted writes,
+        as a log that is cut at a torn tail does: the first `k` pending Readies
+        whole, then (with `entries`) the next one's snapshot and entries but
+        not its hard state (written after them). Nothing of it was reported
+        durable, so no message promised it."""
+        if torn is not None:
+            k, with_entries = torn
+            for _, rd in list(self.pending)[:k]:
+                self._write(rd)
+            if with_entries and len(self.pending) > k:
+                rd = self.pending[k][1]
+                if rd.snapshot is not None:
+                    self.storage.apply_snapshot(rd.snapshot)
+                if rd.entries:
+                    self.storage.append(rd.entries)
         self.alive = False
         self.pending.clear()
         self.outbox.clear()
@@ -401,8 +420,8 @@ class Cluster:
         idx = self.node(nid).propose(data)
         return idx
 
-    def crash(self, nid: str) -> None:
-        self.hosts[nid].crash()
+    def crash(self, nid: str, torn: tuple[int, bool] | None = None) -> None:
+        self.hosts[nid].crash(torn)
 
     def restart(self, nid: str) -> None:
         self.hosts[nid].restart()

@@ -3,7 +3,9 @@
 A run of `steps` steps on a 3- or 5-node cluster (plus spare nodes that may
 join) with a network that delays, drops, duplicates and reorders messages
 and partitions nodes; hosts persist asynchronously with random delays and
-crash (losing unpersisted writes) and restart; membership changes and
+crash (losing unpersisted writes, or keeping a prefix of them as a torn log
+tail does: whole Readies, then maybe one Ready's entries without its hard
+state, often right after CONFIG entries) and restart; membership changes and
 leadership transfers happen mid-run; proposals are made all along.
 `harness.Checker` checks the safety properties after every Ready. At the end
 the network heals, everyone restarts, and a leader must be elected and a
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from broker.raft import (
     ConfChange,
     ConfChangeKind,
+    EntryKind,
     InvalidConfChange,
     NotLeader,
     ProposalDropped,
@@ -44,6 +47,8 @@ class SimResult:
     transfers: int = 0
     snapshots_sent: int = 0
     lost_writes: int = 0  # Readies not yet durable when their node crashed
+    torn_after_config: int = 0  # crashes that kept a Ready's CONFIG entries, not its hard state
+    raised_boots: int = 0  # restarts that took CONFIG entries above the durable commit as committed
     promotions: int = 0
     liveness_ticks: int = 0
     log: list[str] = field(default_factory=list)
@@ -120,11 +125,35 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
                 alive = [h for h in members() if c.hosts[h].alive]
                 if len(alive) > 1:
                     victim = rng.choice(alive)
-                    res.lost_writes += len(c.hosts[victim].pending)
-                    c.crash(victim)
+                    pending = len(c.hosts[victim].pending)
+                    torn = None
+                    if pending and rng.random() < 0.5:
+                        # The disk kept a prefix: whole Readies, then maybe one
+                        # Ready's entries without its hard state (a torn tail).
+                        torn = (rng.randrange(pending), rng.random() < 0.7)
+                        pending -= torn[0]
+                    res.lost_writes += pending
+                    c.crash(victim, torn)
                     down[victim] = step + rng.randint(1, 40)
                     res.crashes += 1
                     log.append(f"step {step}: crash {victim}")
+            alive = [h for h in members() if c.hosts[h].alive]
+            if len(alive) > 1 and rng.random() < 0.2:
+                # The nastiest torn tail for membership: a Ready's CONFIG
+                # entries kept, the hard state after them (with the commit
+                # of the change before) lost.
+                for h in alive:
+                    pend = c.hosts[h].pending
+                    k = next((i for i, (_, rd) in enumerate(pend) if rd.hard_state is not None
+                              and any(e.kind is EntryKind.CONFIG for e in rd.entries)), None)
+                    if k is not None:
+                        res.lost_writes += len(pend) - k
+                        c.crash(h, (k, True))
+                        down[h] = step + rng.randint(1, 20)
+                        res.crashes += 1
+                        res.torn_after_config += 1
+                        log.append(f"step {step}: crash {h} torn after a CONFIG entry")
+                        break
             if step == heal_at:
                 c.groups = None
                 c.isolated = set()
@@ -134,6 +163,9 @@ def run_seed(seed: int, steps: int = 300, liveness_ticks: int = 400) -> SimResul
                 if at == step:
                     c.restart(v)
                     del down[v]
+                    st = c.hosts[v].storage
+                    if c.node(v).commit_index > max(st.hard_state().commit, st.snapshot().meta.index):
+                        res.raised_boots += 1
                     log.append(f"step {step}: restart {v}")
             # --- client activity
             lead = c.leader()

@@ -634,6 +634,118 @@ def test_6_removed_node_that_missed_its_removal_does_not_disrupt() -> None:
 # --- leadership transfer (thesis §3.10) ---------------------------------------------------
 
 
+def _promotions_log(commit: int, last: int = 4) -> MemoryStorage:
+    """Voters 1-3, learners 4 and 5; the log (term 1, up to `last`): NOOP,
+    CONFIG promote 4, NORMAL, CONFIG promote 5; durable commit `commit`. With
+    commit 1 and both CONFIG entries, the hard state recording the first
+    promotion's commit was lost while the second promotion's entry survived
+    (a torn tail between a Ready's entries and its hard state)."""
+    from broker.raft import HardState, Membership, encode_conf_entry
+
+    st = MemoryStorage(voters=("1", "2", "3"), learners=("4", "5"))
+    m4 = Membership(frozenset(N(v) for v in "1234"), frozenset({N("5")}))
+    m5 = Membership(frozenset(N(v) for v in "12345"), frozenset())
+    p4 = ConfChange(ConfChangeKind.PROMOTE, N("4"))
+    p5 = ConfChange(ConfChangeKind.PROMOTE, N("5"))
+    st.append([
+        Entry(Term(1), Index(1), EntryKind.NOOP, b""),
+        Entry(Term(1), Index(2), EntryKind.CONFIG, encode_conf_entry(p4, m4)),
+        Entry(Term(1), Index(3), EntryKind.NORMAL, b"x"),
+        Entry(Term(1), Index(4), EntryKind.CONFIG, encode_conf_entry(p5, m5)),
+    ][:last])
+    st.set_hard_state(HardState(Term(1), N("1"), Index(commit)))
+    return st
+
+
+def _votes_to_lead(n: RaftNode) -> list[str]:
+    """Campaign (no pre-vote) and grant votes 2, 3, ... until it leads."""
+    n.campaign()
+    drain(n)
+    got = []
+    for v in "2345":
+        n.step(RequestVoteResponse(Term(n.term), N(v), N("1"), True))
+        got.append(v)
+        if n.role is Role.LEADER:
+            return got
+    raise AssertionError("never won")
+
+
+@pytest.mark.parametrize("commit", [1, 2])
+def test_6_restart_takes_every_config_entry_but_the_last_as_committed(commit: int) -> None:
+    # A leader proposes a change only once the one before it committed, so in
+    # any log every CONFIG entry but the last is committed. A member whose
+    # hard state lost that commit must not restart two changes behind: with
+    # voters {1,2,3} it would win an election on votes 1 and 2, which no
+    # majority of {1,2,3,4,5} (the group's configuration if promote-5
+    # committed) need overlap.
+    n = RaftNode("1", _promotions_log(commit), RaftConfig(pre_vote=False, lazy_commit=True),
+                 random.Random(0))
+    assert n.config.voters == {"1", "2", "3", "4"} and n.config.learners == {"5"}
+    assert n.commit_index == 2 and n.config_index == 2
+    rd = n.ready()
+    # A raised commit passes a CONFIG entry: written even with lazy commit;
+    # the entries it covers are handed out to be applied.
+    assert (rd.hard_state.commit if rd.hard_state else None) == (2 if commit == 1 else None)
+    assert [e.index for e in rd.committed_entries] == [1, 2]
+    n.advance(rd, persisted=True)
+    assert _votes_to_lead(n) == ["2", "3"]  # 3 of {1,2,3,4}
+    # Promote-5 is still pending: no other change until it commits.
+    with pytest.raises(InvalidConfChange):
+        n.propose_conf_change(ConfChange(ConfChangeKind.REMOVE, N("2")))
+
+
+def test_6_restart_with_one_config_entry_above_the_commit_keeps_the_old_configuration() -> None:
+    # One change behind is a state any slow follower may be in (single-server
+    # changes: majorities of the two configurations overlap).
+    n = RaftNode("1", _promotions_log(1, last=3), RaftConfig(pre_vote=False), random.Random(0))
+    assert n.config.voters == {"1", "2", "3"} and n.commit_index == 1
+    assert _votes_to_lead(n) == ["2"]  # 2 of {1,2,3}
+    drain(n)
+    assert n.commit_index == 1  # the NOOP of term 2 needs a follower's ack
+
+
+def test_6_follower_torn_after_two_promotions_restarts_with_the_first_in_force() -> None:
+    # Follower 3 is cut off while 4 and 5 join and are promoted (four CONFIG
+    # entries), then gets them all in one append with the commit, and
+    # crashes once the entries are on disk but not the hard state after
+    # them (a torn tail). Restarted, it has the last change (promote 5) to
+    # wait for, and every one before it in force: voters {1,2,3,4}, not the
+    # {1,2,3} its durable commit alone would give.
+    c = Cluster("123", spares=["4", "5"])
+    c.elect("1")
+    c.isolated = {"3"}
+    lead = c.node("1")
+    for spare in "45":
+        lead.propose_conf_change(ConfChange(ConfChangeKind.ADD_LEARNER, N(spare)))
+        c.stabilize()
+        for _ in range(3):
+            c.tick(["1", "2", "4", "5"])
+            c.stabilize()
+        assert spare in lead.config.voters
+    confs = [e.index for e in lead.log.slice(1, lead.log.last_index() + 1, None) if e.kind is EntryKind.CONFIG]
+    assert len(confs) == 4 and lead.log.committed >= confs[-1]
+    f = c.hosts["3"]
+    f.persist_delay = lambda: 1_000_000  # its writes stay pending
+    c.isolated = set()
+    c.tick(["1"])
+    c.stabilize()
+    assert c.node("3").log.last_index() >= confs[-1]
+    k = next(i for i, (_, rd) in enumerate(f.pending) if rd.entries and rd.entries[-1].index >= confs[-1])
+    assert f.pending[k][1].hard_state is not None  # the commit came in the same Ready
+    c.crash("3", torn=(k, True))
+    assert f.storage.last_index() >= confs[-1] and f.storage.hard_state().commit < confs[0]
+    f.persist_delay = None
+    c.restart("3")
+    n3 = c.node("3")
+    assert n3.commit_index == confs[-2]
+    assert n3.config.voters == {"1", "2", "3", "4"} and n3.config.learners == {"5"}
+    c.stabilize()
+    for _ in range(3):
+        c.tick()
+        c.stabilize()
+    assert n3.config == lead.config and n3.commit_index == lead.log.committed
+
+
 def test_transfer_leadership_to_an_up_to_date_voter() -> None:
     c = Cluster("123")
     c.elect("1")

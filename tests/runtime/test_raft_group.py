@@ -582,3 +582,48 @@ async def test_lazy_commit_a_follower_restarting_after_a_membership_change_takes
         assert again.group.node.config.voters == {NodeId(leader.name), NodeId(stays)}
     finally:
         again.close()
+
+
+async def test_a_member_restarting_two_config_entries_behind_its_log_takes_the_first_as_committed(
+        tmp_path: Path) -> None:
+    """Real storage: a log with 'add learner n2' and then 'promote n2', its
+    durable commit below both (the hard state recording the first one's
+    commit was lost, the later entry kept). A leader proposed the promotion
+    only once the learner's entry had committed, so the member starts with
+    the learner in force, and writes that commit before anything else."""
+    from broker.raft import ConfChange, ConfChangeKind, EntryKind, encode_conf_entry
+
+    loop = asyncio.get_running_loop()
+    boot = Membership(frozenset({NodeId("n1")}))
+    learner = Membership(frozenset({NodeId("n1")}), frozenset({NodeId("n2")}))
+    both = Membership(frozenset({NodeId("n1"), NodeId("n2")}))
+    cfg = st.StorageConfig(wal_max_size_bytes=64 * 1024)
+    mgr = st.LogManager.open(tmp_path / "n1", cfg)
+    glog = mgr.open_group("g1")
+    glog.append([
+        st.Entry(1, 1, b"", EntryKind.NOOP.value),
+        st.Entry(2, 1, encode_conf_entry(ConfChange(ConfChangeKind.ADD_LEARNER, NodeId("n2")), learner),
+                 EntryKind.CONFIG.value),
+        st.Entry(3, 1, encode_conf_entry(ConfChange(ConfChangeKind.PROMOTE, NodeId("n2")), both),
+                 EntryKind.CONFIG.value),
+    ])
+    glog.set_hard_state(st.HardState(1, "n1", 1))
+    mgr.sync()
+    mgr.close()
+    holder: list[RaftGroup] = []
+    mgr = st.LogManager.open(tmp_path / "n1", cfg, on_durable=lambda g, i, t: loop.call_soon_threadsafe(
+        lambda: holder[0].on_durable()))
+    try:
+        group = RaftGroup("g1", "n1", mgr.open_group("g1"), boot, FnMachine(lambda i, t, ts, p: p),
+                          lambda dst, msg: None, raft_config=RaftConfig(election_tick=10),
+                          rng=random.Random(7), lazy_commit=True)
+        holder.append(group)
+        assert group.node.config == learner and group.node.commit_index == 2
+        group.process_now()
+        mgr.sync()
+        assert group.glog.durable_hard_state().commit == 2
+        # The promotion commits with the NOOP of the member's own term.
+        group.campaign()
+        await _until(lambda: group.node.config == both, group.tick)
+    finally:
+        mgr.close()
