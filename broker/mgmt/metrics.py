@@ -15,10 +15,18 @@ are reported by every node for each member it holds.
 each local group every SAMPLE_INTERVAL_S and, when the applied index moved,
 records now minus the leader's timestamp of the last applied entry. It is an
 upper bound that includes up to one sampling interval of staleness.
+
+`qq_event_loop_lag_seconds` comes from the same task: how late each of its
+wake-ups ran (a wake-up falls inside a stall of the event loop with a
+probability of about the stall's length over SAMPLE_INTERVAL_S, so long
+stalls are all seen and short ones in proportion). `qq_wal_sync_duration_seconds`
+is the WAL writer's write + fdatasync time per batch (etcd's
+`wal_fsync_duration_seconds`).
 """
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections.abc import Iterator
 
@@ -27,17 +35,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     UnknownMetricFamily,
 )
 from prometheus_client.registry import Collector
 
 import broker.mgmt.views as v
+from broker.storage.wal import SYNC_BUCKETS
 
 from .port import ManagementPort
 
 SAMPLE_INTERVAL_S = 0.2  # cost: one pass over the awake local groups per interval
 FULL_EVERY = 25  # and over all of them (quiet ones too) every 5 s
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class GroupSampler:
@@ -52,6 +63,14 @@ class GroupSampler:
         self._seen: dict[tuple[str, str], int] = {}
         self._passes = 0
         self._task: asyncio.Task[None] | None = None
+        #: wake-ups by how late they ran: lag_counts[k] <= LAG_BUCKETS[k] (last: longer)
+        self.lag_counts = [0] * (len(LAG_BUCKETS) + 1)
+        self.lag_sum = 0.0
+
+    def note_lag(self, lag: float) -> None:
+        lag = max(0.0, lag)
+        self.lag_counts[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        self.lag_sum += lag
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -92,9 +111,25 @@ class GroupSampler:
                     d.pop(key, None)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            due = loop.time() + SAMPLE_INTERVAL_S
             await asyncio.sleep(SAMPLE_INTERVAL_S)
+            self.note_lag(loop.time() - due)
             self.sample()
+
+
+def histogram(name: str, doc: str, bounds: tuple[float, ...], counts: list[int],
+              total: float) -> HistogramMetricFamily:
+    """A Prometheus histogram from per-bucket (not cumulative) counts, the
+    last one past the last bound."""
+    buckets = []
+    acc = 0
+    for bound, n in zip(bounds, counts, strict=False):
+        acc += n
+        buckets.append((repr(bound), acc))
+    buckets.append(("+Inf", acc + counts[len(bounds)]))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
 
 
 class NodeCollector(Collector):
@@ -198,6 +233,16 @@ class NodeCollector(Collector):
             wal = CounterMetricFamily(f"qq_wal_{key}", doc, labels=[])
             wal.add_metric([], stats.get(key, 0))
             yield wal
+        if stats:
+            yield histogram("qq_wal_sync_duration_seconds",
+                            "Write-ahead log batch write + fdatasync time", SYNC_BUCKETS,
+                            [stats.get(f"sync_b{k}", 0) for k in range(len(SYNC_BUCKETS) + 1)],
+                            stats.get("sync_us", 0) / 1e6)
+        if self.sampler is not None:
+            s = self.sampler
+            yield histogram("qq_event_loop_lag_seconds",
+                            "How late the node's periodic sampler woke up (event-loop stalls)",
+                            LAG_BUCKETS, list(s.lag_counts), s.lag_sum)
         nodes = port.cluster_nodes()
         status = port.node_status()
         up = GaugeMetricFamily("qq_cluster_nodes_running", "Cluster nodes this node sees running",

@@ -22,11 +22,13 @@ Imports: `codec`, `files`, `types`, `errors`; nothing else of broker/storage.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -103,6 +105,15 @@ class Pending:
         self.hs_record = hs_record
 
 
+#: upper bounds (seconds) of the WAL sync-duration histogram's buckets
+#: (etcd's `wal_fsync_duration_seconds`); stats key `sync_b<k>` counts the
+#: batches whose write + sync took at most SYNC_BUCKETS[k] and more than the
+#: bound before it (`sync_b<len>`: longer than the last), `sync_us` their sum
+SYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+                1.024, 2.048, 4.096, 8.192)
+_SYNC_KEYS = tuple(f"sync_b{k}" for k in range(len(SYNC_BUCKETS) + 1))
+
+
 def sync_fd(fd: int, method: str) -> None:
     if method == "fdatasync":
         os.fdatasync(fd)
@@ -156,7 +167,8 @@ class Wal:
         self._barriers: list[threading.Event] = []
         # counters (read by bench/metrics)
         self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "write_errors": 0,
-                      "rollovers": 0, "flushes": 0}
+                      "rollovers": 0, "flushes": 0, "sync_us": 0}
+        self.stats.update(dict.fromkeys(_SYNC_KEYS, 0))
         self._writer: threading.Thread | None = None
 
     # ----- refs and hard states (node lock held, or before the writer starts)
@@ -320,13 +332,17 @@ class Wal:
         try:
             # vectored: the records' bodies go to the kernel from the buffers
             # that hold them (a join would copy every one into a new block)
+            t0 = time.perf_counter()
             size = write_parts(self._fd, parts, self._offset)
             sync_fd(self._fd, self.config.sync_method)
+            took = time.perf_counter() - t0
         except OSError as exc:
             return self._write_error(exc, touched)
         self._offset += size
         self._defined |= new_refs
         st = self.stats
+        st["sync_us"] += int(took * 1e6)
+        st[_SYNC_KEYS[bisect.bisect_left(SYNC_BUCKETS, took)]] += 1
         st["batches"] += 1
         st["fsyncs"] += 1
         st["records"] += nrec
