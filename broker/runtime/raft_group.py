@@ -384,6 +384,11 @@ class RaftGroup:
             self._kick()
 
     def campaign(self) -> None:
+        """Start an election now; nothing on a member that cannot campaign
+        (a learner, or a member whose log removed it: the callers, a lost
+        leader's connection or a new group's first leader, do not check)."""
+        if not self.node.promotable:
+            return
         self.node.campaign()
         self._kick()
 

@@ -627,3 +627,25 @@ async def test_a_member_restarting_two_config_entries_behind_its_log_takes_the_f
         await _until(lambda: group.node.config == both, group.tick)
     finally:
         mgr.close()
+
+
+async def test_campaign_on_a_member_that_cannot_campaign_does_nothing(tmp_path: Path) -> None:
+    """A learner (or a member its log removed) is asked to campaign by
+    callers that do not check (its leader's connection broke): nothing
+    happens, where the Raft core refuses with RaftUsageError."""
+    from broker.raft import RaftUsageError, Role
+
+    mgr = st.LogManager.open(tmp_path / "n1", st.StorageConfig(wal_max_size_bytes=64 * 1024))
+    try:
+        sent: list[Any] = []
+        group = RaftGroup("g1", "n1", mgr.open_group("g1"),
+                          Membership(frozenset({NodeId("n2")}), frozenset({NodeId("n1")})),
+                          FnMachine(lambda i, t, ts, p: p), lambda dst, msg: sent.append(msg),
+                          raft_config=RaftConfig(election_tick=10), rng=random.Random(7))
+        with pytest.raises(RaftUsageError):
+            group.node.campaign()
+        group.campaign()
+        group.process_now()
+        assert group.role is Role.FOLLOWER and group.node.term == 0 and sent == []
+    finally:
+        mgr.close()
