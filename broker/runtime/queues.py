@@ -25,6 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -564,9 +565,8 @@ class QuorumQueue(QueueProcess):
         self.group: QueueGroup = RaftGroup(
             glog.group_id, host.node_name, glog,
             Membership(frozenset() if learner else frozenset(NodeId(m) for m in members)),
-            self, host.send_raft, raft_config=raft_config,
+            self, host.send_raft, raft_config=replace(raft_config, lazy_commit=True),
             on_role_change=self._role_changed, snapshot_idle_s=self.snapshot_idle_s,
-            lazy_commit=True,
         )
         # The at-least-once dead-letter worker, while this member leads and the
         # queue's strategy is at-least-once (runtime/dead_letter.py).

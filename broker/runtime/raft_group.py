@@ -10,7 +10,7 @@ The Ready contract (broker/raft/node.py) is followed literally:
   1. `rd.messages` are sent at once (leader appends go out in parallel with
      the leader's own WAL write);
   2. snapshot, entries and hard state are queued to the WAL (with
-     `lazy_commit`, queue groups, the core hands out no hard state whose
+     `RaftConfig.lazy_commit`, queue groups, the core hands out no hard state whose
      only change is the commit index: `RaftNode._hs_due`);
   3. `rd.persisted_messages` are sent (their preconditions are durable);
   4. committed entries are applied in order, then `advance(rd)`;
@@ -259,7 +259,6 @@ class RaftGroup:
         snapshot_interval: int = 20_000,
         snapshot_idle_s: float | None = None,
         snapshot_bytes: int = SNAPSHOT_BYTES,
-        lazy_commit: bool = False,
     ) -> None:
         self.group_id = group_id
         self.node_id = NodeId(node_id)
@@ -269,8 +268,8 @@ class RaftGroup:
         self._on_role_change = on_role_change
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         cfg = raft_config or RaftConfig()
-        if cfg.group != group_id or cfg.lazy_commit != lazy_commit:
-            cfg = replace(cfg, group=group_id, lazy_commit=lazy_commit)
+        if cfg.group != group_id:
+            cfg = replace(cfg, group=group_id)
         # The machine starts from this log's snapshot, if any; Raft replays
         # the committed entries after it.
         applied = 0

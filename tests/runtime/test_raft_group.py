@@ -55,8 +55,9 @@ class Member:
         glog = self.mgr.open_group("g1")
         self.group = RaftGroup(
             "g1", name, glog, Membership(frozenset(NodeId(v) for v in voters)),
-            FnMachine(self._apply), net.sender(name), raft_config=RaftConfig(election_tick=10),
-            rng=random.Random(hash(name) & 0xFFFF), lazy_commit=lazy_commit,
+            FnMachine(self._apply), net.sender(name),
+            raft_config=RaftConfig(election_tick=10, lazy_commit=lazy_commit),
+            rng=random.Random(hash(name) & 0xFFFF),
         )
 
     def _durable(self) -> None:
@@ -524,8 +525,8 @@ async def test_lazy_commit_writes_the_commit_of_a_config_entry_the_member_restar
         mgr = st.LogManager.open(tmp_path / "n1", cfg, on_durable=lambda g, i, t: loop.call_soon_threadsafe(
             lambda: holder[0].on_durable()))
         group = RaftGroup("g1", "n1", mgr.open_group("g1"), boot, FnMachine(lambda i, t, ts, p: p),
-                          lambda dst, msg: None, raft_config=RaftConfig(election_tick=10),
-                          rng=random.Random(7), lazy_commit=True)
+                          lambda dst, msg: None, raft_config=RaftConfig(election_tick=10, lazy_commit=True),
+                          rng=random.Random(7))
         holder.append(group)
         return mgr, group
 
@@ -615,8 +616,8 @@ async def test_a_member_restarting_two_config_entries_behind_its_log_takes_the_f
         lambda: holder[0].on_durable()))
     try:
         group = RaftGroup("g1", "n1", mgr.open_group("g1"), boot, FnMachine(lambda i, t, ts, p: p),
-                          lambda dst, msg: None, raft_config=RaftConfig(election_tick=10),
-                          rng=random.Random(7), lazy_commit=True)
+                          lambda dst, msg: None, raft_config=RaftConfig(election_tick=10, lazy_commit=True),
+                          rng=random.Random(7))
         holder.append(group)
         assert group.node.config == learner and group.node.commit_index == 2
         group.process_now()
