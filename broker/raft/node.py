@@ -235,39 +235,33 @@ class RaftNode:
         self._conf_history: list[tuple[int, Membership]] = [(snap_index, membership)]
         # Indexes of CONFIG entries in the log above the commit index, ascending.
         self._pending_confs: list[int] = []
-        # True while the configuration is the host's bootstrap guess for a log
-        # whose CONFIG entries are all uncommitted: the first one applied then
-        # sets the configuration it carries instead of being checked against
-        # the guess (the guess may already include that change).
-        self._config_unverified = False
         last = self.log.last_index()
-        if last > snap_index:
-            confs = [
-                e for e in storage.entries(Index(snap_index + 1), Index(last + 1), None)
-                if e.kind is _CONFIG
-            ]
-            # Every CONFIG entry of a log but its last is committed: a leader
-            # proposes a change only once the one before it has committed
-            # (`propose_conf_change`), and log matching gives this log that
-            # leader's prefix. The hard state recording such a commit can be
-            # lost while the later entry survives (a Ready's hard state is
-            # written after its entries; a torn tail may cut between them, and
-            # the core adopts a change as it commits, before that hard state
-            # is durable). Without this a restarted member could be two
-            # changes behind, where majorities of its configuration and the
-            # group's need not overlap.
-            if len(confs) > 1:
-                # The host gave its guess when no CONFIG entry was committed
-                # as far as it knew (see `_config_unverified`): the first one
-                # adopted here sets the configuration it carries.
-                self._config_unverified = confs[0].index > self.log.committed
-                self.log.commit_to(confs[-2].index)
-            for e in confs:
-                if e.index <= self.log.committed:
-                    self._apply_conf_entry(e)
-                else:
-                    self._pending_confs.append(e.index)
-        self._config_unverified = bool(self._pending_confs) and len(self._conf_history) == 1
+        confs = [
+            e for e in storage.entries(Index(snap_index + 1), Index(last + 1), None)
+            if e.kind is _CONFIG
+        ] if last > snap_index else []
+        # True while the configuration is the host's bootstrap guess: the log
+        # has CONFIG entries, none of them at or below the durable commit. The
+        # first one adopted then sets the configuration it carries instead of
+        # being checked against the guess (which may already include it).
+        self._config_unverified = bool(confs) and confs[0].index > self.log.committed
+        # Every CONFIG entry of a log but its last is committed: a leader
+        # proposes a change only once the one before it has committed
+        # (`propose_conf_change`), and log matching gives this log that
+        # leader's prefix. The hard state recording such a commit can be
+        # lost while the later entry survives (a Ready's hard state is
+        # written after its entries; a torn tail may cut between them, and
+        # the core adopts a change as it commits, before that hard state
+        # is durable). Without this a restarted member could be two
+        # changes behind, where majorities of its configuration and the
+        # group's need not overlap.
+        if len(confs) > 1:
+            self.log.commit_to(confs[-2].index)
+        for e in confs:
+            if e.index <= self.log.committed:
+                self._apply_conf_entry(e)  # clears _config_unverified
+            else:
+                self._pending_confs.append(e.index)
         self.progress: dict[NodeId, Progress] = {}
         self.votes: dict[NodeId, bool] = {}
         self.election_elapsed = 0
