@@ -26,7 +26,6 @@ is the WAL writer's write + fdatasync time per batch (etcd's
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
 from collections.abc import Iterator
 
@@ -42,7 +41,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 import broker.mgmt.views as v
-from broker.storage.wal import SYNC_BUCKETS
+from broker.common.histogram import Histogram
 
 from .port import ManagementPort
 
@@ -63,14 +62,8 @@ class GroupSampler:
         self._seen: dict[tuple[str, str], int] = {}
         self._passes = 0
         self._task: asyncio.Task[None] | None = None
-        #: wake-ups by how late they ran: lag_counts[k] <= LAG_BUCKETS[k] (last: longer)
-        self.lag_counts = [0] * (len(LAG_BUCKETS) + 1)
-        self.lag_sum = 0.0
-
-    def note_lag(self, lag: float) -> None:
-        lag = max(0.0, lag)
-        self.lag_counts[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
-        self.lag_sum += lag
+        #: wake-ups by how late they ran
+        self.lag = Histogram(LAG_BUCKETS)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -115,21 +108,18 @@ class GroupSampler:
         while True:
             due = loop.time() + SAMPLE_INTERVAL_S
             await asyncio.sleep(SAMPLE_INTERVAL_S)
-            self.note_lag(loop.time() - due)
+            self.lag.observe(max(0.0, loop.time() - due))
             self.sample()
 
 
-def histogram(name: str, doc: str, bounds: tuple[float, ...], counts: list[int],
-              total: float) -> HistogramMetricFamily:
-    """A Prometheus histogram from per-bucket (not cumulative) counts, the
-    last one past the last bound."""
+def histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    """A Prometheus histogram (cumulative buckets) of a `Histogram`."""
     buckets = []
     acc = 0
-    for bound, n in zip(bounds, counts, strict=False):
+    for bound, n in zip((*map(repr, h.bounds), "+Inf"), list(h.counts), strict=True):
         acc += n
-        buckets.append((repr(bound), acc))
-    buckets.append(("+Inf", acc + counts[len(bounds)]))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+        buckets.append((bound, acc))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.total)
 
 
 class NodeCollector(Collector):
@@ -233,16 +223,14 @@ class NodeCollector(Collector):
             wal = CounterMetricFamily(f"qq_wal_{key}", doc, labels=[])
             wal.add_metric([], stats.get(key, 0))
             yield wal
-        if stats:
+        sync = port.wal_sync_histogram()
+        if sync is not None:
             yield histogram("qq_wal_sync_duration_seconds",
-                            "Write-ahead log batch write + fdatasync time", SYNC_BUCKETS,
-                            [stats.get(f"sync_b{k}", 0) for k in range(len(SYNC_BUCKETS) + 1)],
-                            stats.get("sync_us", 0) / 1e6)
+                            "Write-ahead log batch write + fdatasync time", sync)
         if self.sampler is not None:
-            s = self.sampler
             yield histogram("qq_event_loop_lag_seconds",
                             "How late the node's periodic sampler woke up (event-loop stalls)",
-                            LAG_BUCKETS, list(s.lag_counts), s.lag_sum)
+                            self.sampler.lag)
         nodes = port.cluster_nodes()
         status = port.node_status()
         up = GaugeMetricFamily("qq_cluster_nodes_running", "Cluster nodes this node sees running",

@@ -26,6 +26,7 @@ from typing import Any, Literal, Protocol
 import broker.metadata as md
 import broker.queue as qm
 from broker.common.config import Config
+from broker.common.histogram import Histogram
 
 #: A JSON object as the API shows it (RabbitMQ's shapes: connections,
 #: channels, consumers, message_stats, long operations' result lines).
@@ -281,6 +282,10 @@ class NodePart(Protocol):
         ...
 
     def wal_stats(self) -> Mapping[str, int]: ...
+
+    def wal_sync_histogram(self) -> Histogram | None:
+        """Each WAL batch's write + sync time (None before storage is open)."""
+        ...
 
 
 class ClusterPart(Protocol):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import broker.metadata as md
 import broker.queue as qm
 from broker.common.config import Config
+from broker.common.histogram import Histogram
 from broker.mgmt.port import (
     AlarmStatus,
     JsonObject,
@@ -156,6 +157,10 @@ class NodePort:
     def wal_stats(self) -> Mapping[str, int]:
         storage = self._node.storage
         return dict(storage.stats) if storage is not None else {}
+
+    def wal_sync_histogram(self) -> Histogram | None:
+        storage = self._node.storage
+        return storage.sync_hist if storage is not None else None
 
     # ------------------------------------------------------------ the cluster
     async def cluster_totals(self) -> list[NodeTotals]:

@@ -97,6 +97,7 @@ class LogManager:
                                   SegmentCache(self.config.segment_cache_size))
         # counters (read by bench/metrics)
         self.stats = self._wal.stats
+        self.sync_hist = self._wal.sync_hist
         self._recovered_hs: dict[str, HardState] = {}
         self._dir_lock = -1
         self._flushed_upto = -1

@@ -22,7 +22,6 @@ Imports: `codec`, `files`, `types`, `errors`; nothing else of broker/storage.
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import logging
 import os
@@ -33,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import broker.storage.codec as codec
+from broker.common.histogram import Histogram
 
 from .errors import StorageIOError
 from .files import WAL_SUFFIX, fsync_dir, write_all, write_parts
@@ -105,13 +105,10 @@ class Pending:
         self.hs_record = hs_record
 
 
-#: upper bounds (seconds) of the WAL sync-duration histogram's buckets
-#: (etcd's `wal_fsync_duration_seconds`); stats key `sync_b<k>` counts the
-#: batches whose write + sync took at most SYNC_BUCKETS[k] and more than the
-#: bound before it (`sync_b<len>`: longer than the last), `sync_us` their sum
+#: upper bounds (seconds) of the buckets of `Wal.sync_hist`, each batch's
+#: write + sync time (etcd's `wal_fsync_duration_seconds`)
 SYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
                 1.024, 2.048, 4.096, 8.192)
-_SYNC_KEYS = tuple(f"sync_b{k}" for k in range(len(SYNC_BUCKETS) + 1))
 
 
 def sync_fd(fd: int, method: str) -> None:
@@ -167,8 +164,8 @@ class Wal:
         self._barriers: list[threading.Event] = []
         # counters (read by bench/metrics)
         self.stats = {"batches": 0, "fsyncs": 0, "records": 0, "bytes": 0, "write_errors": 0,
-                      "rollovers": 0, "flushes": 0, "sync_us": 0}
-        self.stats.update(dict.fromkeys(_SYNC_KEYS, 0))
+                      "rollovers": 0, "flushes": 0}
+        self.sync_hist = Histogram(SYNC_BUCKETS)
         self._writer: threading.Thread | None = None
 
     # ----- refs and hard states (node lock held, or before the writer starts)
@@ -341,8 +338,7 @@ class Wal:
         self._offset += size
         self._defined |= new_refs
         st = self.stats
-        st["sync_us"] += int(took * 1e6)
-        st[_SYNC_KEYS[bisect.bisect_left(SYNC_BUCKETS, took)]] += 1
+        self.sync_hist.observe(took)
         st["batches"] += 1
         st["fsyncs"] += 1
         st["records"] += nrec

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from broker import metadata as md
 from broker import queue as qm
 from broker.common.config import Config, load_config
+from broker.common.histogram import Histogram
 from broker.mgmt import make_app
 from broker.mgmt.port import (
     AlarmStatus,
@@ -111,6 +112,9 @@ class FakePort:
 
     def wal_stats(self) -> Mapping[str, int]:
         return {}
+
+    def wal_sync_histogram(self) -> Histogram | None:
+        return None
 
     # -- cluster
     async def cluster_totals(self) -> list[NodeTotals]:
