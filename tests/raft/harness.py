@@ -178,11 +178,7 @@ class Host:
             for _, rd in list(self.pending)[:k]:
                 self._write(rd)
             if with_entries and len(self.pending) > k:
-                rd = self.pending[k][1]
-                if rd.snapshot is not None:
-                    self.storage.apply_snapshot(rd.snapshot)
-                if rd.entries:
-                    self.storage.append(rd.entries)
+                self._write(self.pending[k][1], hard_state=False)
         self.alive = False
         self.pending.clear()
         self.outbox.clear()
@@ -191,12 +187,12 @@ class Host:
         self.alive = True
         self._boot()
 
-    def _write(self, rd: Ready) -> None:
+    def _write(self, rd: Ready, hard_state: bool = True) -> None:
         if rd.snapshot is not None:
             self.storage.apply_snapshot(rd.snapshot)
         if rd.entries:
             self.storage.append(rd.entries)
-        if rd.hard_state is not None:
+        if hard_state and rd.hard_state is not None:
             self.storage.set_hard_state(rd.hard_state)
 
     def flush_writes(self, now: int) -> None:
